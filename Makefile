@@ -1,0 +1,35 @@
+# Entry points named in README: `make demo` (set-up, build, benchmarks and the sample) and
+# `make test` (set-up, build, every test). Both install missing Debian packages first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench clean format
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 900
+
+demo: build
+	$(BUILD)/bin/quickstart
+	$(BUILD)/bin/opforge info
+	$(BUILD)/bin/opforge bench
+
+bench: build
+	$(BUILD)/bin/opforge bench
+
+format:
+	@git ls-files '*.cpp' '*.hpp' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD)

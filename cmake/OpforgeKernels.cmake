@@ -1,0 +1,84 @@
+# Build-time kernel generation. Used by opforge's own build and, installed, by user projects:
+#   opforge_add_ops(TARGET app OPS_HEADER my_ops.hpp OPS_TABLE my::ops FAMILIES elementwise)
+# compiles the ops of `my::ops` (a Boost.Hana tuple of DSL op definitions) into kernels in every
+# variant and links them, with their registry entries, into `app`.
+include_guard(GLOBAL)
+set(OPFORGE_KERNELS_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+# Where the DSL, generator and schedule sources live: the source tree, or the installed package.
+if(NOT DEFINED OPFORGE_GENERATOR_ROOT)
+  get_filename_component(OPFORGE_GENERATOR_ROOT ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
+  set(OPFORGE_DSL_INCLUDE_DIRS ${OPFORGE_GENERATOR_ROOT}/dsl ${OPFORGE_GENERATOR_ROOT}/runtime/include)
+endif()
+
+# opforge_kernel_compiler(NAME OPS_HEADER header OPS_TABLE expr [INCLUDE_DIRS dirs...])
+function(opforge_kernel_compiler name)
+  cmake_parse_arguments(A "" "OPS_HEADER;OPS_TABLE" "INCLUDE_DIRS" ${ARGN})
+  find_package(Halide 14 REQUIRED)
+  find_package(Boost 1.74 REQUIRED)
+  add_executable(${name} ${OPFORGE_GENERATOR_ROOT}/generators/kernel_compiler.cpp)
+  target_include_directories(${name} PRIVATE ${OPFORGE_GENERATOR_ROOT} ${OPFORGE_DSL_INCLUDE_DIRS}
+                                             ${A_INCLUDE_DIRS})
+  target_compile_definitions(${name} PRIVATE OPFORGE_OPS_HEADER="${A_OPS_HEADER}"
+                                             OPFORGE_OPS_TABLE=${A_OPS_TABLE})
+  target_compile_features(${name} PRIVATE cxx_std_20)
+  target_link_libraries(${name} PRIVATE Halide::Halide Boost::headers)
+endfunction()
+
+# opforge_compile_kernels(COMPILER exe FAMILY f UNIT name [SHARD i SHARDS n] [PREFIX p] [STATIC_INIT]
+#                         OBJECTS out_var REGISTRY out_var)
+function(opforge_compile_kernels)
+  cmake_parse_arguments(A "STATIC_INIT" "COMPILER;FAMILY;UNIT;SHARD;SHARDS;PREFIX;OBJECTS;REGISTRY" "" ${ARGN})
+  if(NOT A_SHARD)
+    set(A_SHARD 0)
+  endif()
+  if(NOT A_SHARDS)
+    set(A_SHARDS 1)
+  endif()
+  if(NOT A_PREFIX)
+    set(A_PREFIX opforge_k)
+  endif()
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/kernels)
+  file(MAKE_DIRECTORY ${dir})
+  set(objects ${dir}/${A_UNIT}.avx512.o ${dir}/${A_UNIT}.avx2.o ${dir}/${A_UNIT}.sse41.o)
+  set(registry ${dir}/${A_UNIT}.registry.cpp)
+  set(flags)
+  if(A_STATIC_INIT)
+    list(APPEND flags --static-init)
+  endif()
+  if(OPFORGE_VARIANTS)
+    list(APPEND flags --variants ${OPFORGE_VARIANTS})
+  endif()
+  # The autoschedulers print their search; keep it in a log and show it only on failure.
+  # Adams2019 runs greedily (beam 1): a beam of 8 costs 40 s per conv kernel and target.
+  set(log ${dir}/${A_UNIT}.log)
+  add_custom_command(
+    OUTPUT ${objects} ${registry}
+    COMMAND ${CMAKE_COMMAND} -E env HL_BEAM_SIZE=1
+            sh -c "\"$0\" \"$@\" > ${log} 2>&1 || { cat ${log}; exit 1; }"
+            $<TARGET_FILE:${A_COMPILER}> --family ${A_FAMILY} --shard ${A_SHARD} --shards ${A_SHARDS}
+            --unit ${A_UNIT} --prefix ${A_PREFIX} --out ${dir}
+            --adams $<TARGET_FILE:Halide::Adams2019> --mullapudi $<TARGET_FILE:Halide::Mullapudi2016> ${flags}
+    DEPENDS ${A_COMPILER}
+    COMMENT "Generating ${A_FAMILY} kernels (${A_UNIT})"
+    VERBATIM)
+  set(${A_OBJECTS} ${objects} PARENT_SCOPE)
+  set(${A_REGISTRY} ${registry} PARENT_SCOPE)
+endfunction()
+
+# opforge_add_ops(TARGET t OPS_HEADER header OPS_TABLE expr FAMILIES f... [INCLUDE_DIRS dirs...])
+function(opforge_add_ops)
+  cmake_parse_arguments(A "" "TARGET;OPS_HEADER;OPS_TABLE" "FAMILIES;INCLUDE_DIRS" ${ARGN})
+  if(NOT A_FAMILIES)
+    set(A_FAMILIES elementwise reduction contraction window movement)
+  endif()
+  set(compiler ${A_TARGET}-opforge-kc)
+  opforge_kernel_compiler(${compiler} OPS_HEADER ${A_OPS_HEADER} OPS_TABLE ${A_OPS_TABLE}
+                          INCLUDE_DIRS ${A_INCLUDE_DIRS} ${CMAKE_CURRENT_SOURCE_DIR})
+  foreach(family ${A_FAMILIES})
+    opforge_compile_kernels(COMPILER ${compiler} FAMILY ${family} UNIT ${A_TARGET}_${family}
+                            PREFIX opforge_u_${A_TARGET} STATIC_INIT OBJECTS objs REGISTRY reg)
+    set_source_files_properties(${objs} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+    target_sources(${A_TARGET} PRIVATE ${objs} ${reg})
+  endforeach()
+endfunction()

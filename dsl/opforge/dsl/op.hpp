@@ -1,0 +1,287 @@
+// The op definition types of the DSL. An op is its name, family, dtype list (a Boost.Hana list
+// of C++ element types), attributes, output dtype rule and Halide algorithm: nothing about
+// schedules, targets or variants, which the generators and schedules/ add.
+#pragma once
+#include <Halide.h>
+
+#include <boost/hana.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "opforge/dtype.hpp"
+
+namespace opforge::dsl {
+
+namespace hana = boost::hana;
+using Halide::Expr;
+using Halide::Func;
+using Halide::Type;
+
+enum class Family { elementwise, reduction, contraction, window, movement };
+
+inline const char* family_name(Family f) {
+  switch (f) {
+    case Family::elementwise: return "elementwise";
+    case Family::reduction: return "reduction";
+    case Family::contraction: return "contraction";
+    case Family::window: return "window";
+    case Family::movement: return "movement";
+  }
+  return "?";
+}
+
+// Dtype lists: compile-time lists of element types.
+inline constexpr auto floats = hana::tuple_t<float, double>;
+inline constexpr auto ints = hana::tuple_t<int32_t, int64_t>;
+inline constexpr auto numeric = hana::tuple_t<int32_t, int64_t, float, double>;
+inline constexpr auto signed_numeric = numeric;
+inline constexpr auto bools = hana::tuple_t<bool>;
+inline constexpr auto all_types = hana::tuple_t<bool, int32_t, int64_t, float, double>;
+
+// Element type of a C++ type as Halide stores it (bool is one byte).
+template <class T>
+Type halide_type() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return Halide::UInt(8);
+  } else {
+    return Halide::type_of<T>();
+  }
+}
+
+inline Type halide_type(DType t) {
+  switch (t) {
+    case DType::Bool: return Halide::UInt(8);
+    case DType::Int32: return Halide::Int(32);
+    case DType::Int64: return Halide::Int(64);
+    case DType::Float32: return Halide::Float(32);
+    case DType::Float64: return Halide::Float(64);
+  }
+  return Type();
+}
+
+// Output dtype rules: the result element type as a function of the (first) input's.
+using OutRule = DType (*)(DType);
+constexpr DType same(DType t) { return t; }
+constexpr DType to_bool(DType) { return DType::Bool; }
+constexpr DType to_int64(DType) { return DType::Int64; }
+// Integer sums and products accumulate in int64, as in NumPy and PyTorch.
+constexpr DType widen_int(DType t) { return is_floating(t) ? t : DType::Int64; }
+
+// What an algorithm sees: its inputs as expressions or Funcs, its attributes as expressions
+// (scalar parameters of the generated kernel), and the element types involved.
+struct Attrs {
+  std::vector<std::string> names;
+  std::vector<Expr> values;
+  Expr operator[](const char* name) const {
+    for (size_t i = 0; i < names.size(); i++)
+      if (names[i] == name) return values[i];
+    throw std::runtime_error(std::string("op uses an attribute it does not declare: ") + name);
+  }
+};
+
+inline Expr as_bool(const Expr& e) { return Halide::cast(Halide::UInt(8), e); }
+
+// Attribute lists are written "alpha" or "min,max"; a ":i" suffix marks an integer attribute.
+struct AttrSpec {
+  std::string name;
+  bool integer = false;
+};
+inline std::vector<AttrSpec> parse_attrs(const char* spec) {
+  std::vector<AttrSpec> out;
+  std::string s = spec ? spec : "";
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    AttrSpec a;
+    if (item.size() > 2 && item.substr(item.size() - 2) == ":i") {
+      a.integer = true;
+      item.resize(item.size() - 2);
+    }
+    a.name = item;
+    out.push_back(a);
+    pos = end + 1;
+  }
+  return out;
+}
+
+// ---- elementwise: out(x) = fn(in_0(x), ..., in_{n-1}(x)) over broadcast views ----
+struct EwArgs {
+  std::vector<Expr> in;
+  Attrs attr;
+  Type type;      // element type of the (promoted) inputs
+  Type out_type;  // element type of the result
+  Expr operator[](size_t i) const { return in.at(i); }
+};
+
+template <class Dtypes, class Fn>
+struct ElementwiseOp {
+  static constexpr Family family = Family::elementwise;
+  const char* name;
+  int arity;
+  Dtypes dtypes;
+  const char* attrs;
+  OutRule out;
+  Fn fn;
+  int bool_inputs_mask = 0;  // inputs that are always bool (the condition of `where`)
+};
+
+template <class Dtypes, class Fn>
+constexpr auto unary(const char* name, Dtypes d, Fn fn, OutRule out = same) {
+  return ElementwiseOp<Dtypes, Fn>{name, 1, d, "", out, fn};
+}
+template <class Dtypes, class Fn>
+constexpr auto unary_attr(const char* name, Dtypes d, const char* attrs, Fn fn) {
+  return ElementwiseOp<Dtypes, Fn>{name, 1, d, attrs, same, fn};
+}
+template <class Dtypes, class Fn>
+constexpr auto binary(const char* name, Dtypes d, Fn fn, OutRule out = same) {
+  return ElementwiseOp<Dtypes, Fn>{name, 2, d, "", out, fn};
+}
+template <class Dtypes, class Fn>
+constexpr auto compare(const char* name, Dtypes d, Fn fn) {
+  return ElementwiseOp<Dtypes, Fn>{name, 2, d, "", to_bool, fn};
+}
+
+// ---- reduction: canonical view in(i, k, o) = (inner, reduced, outer) ----
+struct RedArgs {
+  Func in;                  // in(i, k, o)
+  std::vector<Func> extra;  // 1-D inputs indexed by k (layer_norm's weight and bias)
+  Halide::Var i, o, k;
+  Halide::RDom r;  // over the reduced extent
+  Expr n;          // reduced extent
+  Attrs attr;
+  Type type, out_type;
+  Expr x(const Expr& kk) const { return in(i, kk, o); }
+};
+
+enum class ReductionKind { reduce, normalize };  // reduce: out(i, o); normalize: out(i, k, o)
+
+template <class Dtypes, class Fn>
+struct ReductionOp {
+  static constexpr Family family = Family::reduction;
+  const char* name;
+  ReductionKind kind;
+  Dtypes dtypes;
+  const char* attrs;
+  OutRule out;
+  Fn fn;  // returns the output expression at (i, o) or (i, k, o)
+  int extra_inputs = 0;
+};
+
+template <class Dtypes, class Fn>
+constexpr auto reduce(const char* name, Dtypes d, Fn fn, OutRule out = same,
+                      const char* attrs = "") {
+  return ReductionOp<Dtypes, Fn>{name, ReductionKind::reduce, d, attrs, out, fn};
+}
+template <class Dtypes, class Fn>
+constexpr auto normalize(const char* name, Dtypes d, Fn fn, const char* attrs = "",
+                         int extra_inputs = 0) {
+  return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, attrs, same, fn,
+                                 extra_inputs};
+}
+
+// ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----
+// Contraction and window algorithms return the accumulating Func and the output Func, so that a
+// hand schedule can tile the accumulation and compute it inside the output's tiles.
+struct AccOut {
+  Func acc, out;
+};
+
+struct ContractionArgs {
+  Func a, b, c;  // c(n, m, batch) only for ops with has_c
+  Halide::Var n, m, batch;
+  Halide::RDom r;  // over K
+  Attrs attr;
+  Type type;
+};
+
+template <class Dtypes, class Fn>
+struct ContractionOp {
+  static constexpr Family family = Family::contraction;
+  const char* name;
+  Dtypes dtypes;
+  const char* attrs;
+  bool has_c;
+  Fn fn;
+  OutRule out = same;
+};
+
+template <class Dtypes, class Fn>
+constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool has_c, Fn fn) {
+  return ContractionOp<Dtypes, Fn>{name, d, attrs, has_c, fn};
+}
+
+// ---- window: N, C, H, W images; Halide order in(w, h, c, n) ----
+struct WindowArgs {
+  Func in;                // in(w, h, c, n), zero outside the image
+  Func weight;            // weight(kw, kh, ci, co), conv only
+  Func bias;              // bias(co), conv only
+  Expr in_w, in_h, in_c;  // input extents
+  Expr out_c;             // output channels (conv: weight's dim 3)
+  Expr kernel_w, kernel_h;  // conv: weight's extents; pool: the kernel_h, kernel_w attributes
+  Halide::Var w, h, c, n;
+  Attrs attr;
+  Type type;
+  // True where (x, y) lies inside the unpadded image.
+  Expr inside(const Expr& x, const Expr& y) const {
+    return x >= 0 && x < in_w && y >= 0 && y < in_h;
+  }
+};
+
+enum class WindowKind { conv, pool };
+
+template <class Dtypes, class Fn>
+struct WindowOp {
+  static constexpr Family family = Family::window;
+  const char* name;
+  WindowKind kind;
+  Dtypes dtypes;
+  const char* attrs;
+  Fn fn;
+  OutRule out = same;
+};
+
+template <class Dtypes, class Fn>
+constexpr auto window(const char* name, WindowKind kind, Dtypes d, const char* attrs, Fn fn) {
+  return WindowOp<Dtypes, Fn>{name, kind, d, attrs, fn};
+}
+
+// ---- movement: strided copies ----
+enum class MovementKind { copy, gather };
+
+template <class Dtypes>
+struct MovementOp {
+  static constexpr Family family = Family::movement;
+  const char* name;
+  MovementKind kind;
+  Dtypes dtypes;
+  const char* attrs = "";
+  OutRule out = same;
+};
+
+template <class Dtypes>
+constexpr auto movement(const char* name, MovementKind kind, Dtypes d) {
+  return MovementOp<Dtypes>{name, kind, d};
+}
+
+// ---- cast: one kernel per (from, to) pair of the list, from != to ----
+template <class Dtypes>
+struct CastOp {
+  static constexpr Family family = Family::elementwise;
+  const char* name;
+  Dtypes dtypes;
+  const char* attrs = "";
+};
+
+// Calls the C library's function of that name (with the f suffix for float32): for the few
+// functions Halide has no vectorizable form of at the precision we need.
+inline Expr libm(const std::string& fn, const Expr& x) {
+  using namespace Halide::Internal;
+  bool f32 = x.type() == Halide::Float(32);
+  return Call::make(x.type(), f32 ? fn + "f" : fn, {x}, Call::PureExtern);
+}
+
+}  // namespace opforge::dsl

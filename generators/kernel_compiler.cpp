@@ -1,0 +1,200 @@
+// opforge-kc: the build-time kernel compiler. One process loads Halide once and compiles one shard
+// of one family's ops (every op x dtype x schedule variant x CPU target) into one object file
+// per target, plus the C++ source of their registry entries. The op table comes from the header
+// named by OPFORGE_OPS_HEADER (the built-in library's, or a user's for opforge_add_ops).
+#include <Halide.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "generators/pipelines.hpp"
+#include "schedules/cpu_manual.hpp"
+#include "schedules/variants.hpp"
+#include OPFORGE_OPS_HEADER
+
+namespace {
+using namespace opforge;
+using namespace opforge::gen;
+namespace hana = boost::hana;
+
+struct Options {
+  std::string family, out_dir, unit, prefix = "opforge_k";
+  int shard = 0, shards = 1;
+  std::string adams, mullapudi;
+  std::string only_variants;  // comma list; empty = all
+  bool static_init = false;
+};
+
+// One (op, dtype) of the requested family, built anew for each variant and target because a
+// Halide pipeline can be scheduled only once.
+struct KernelSource {
+  std::string op, dtype_key;
+  std::function<Pipeline()> build;
+};
+
+template <class Op>
+void collect_op(const Op& op, dsl::Family family, std::vector<KernelSource>& out) {
+  if (Op::family != family) return;
+  if constexpr (std::is_same_v<Op, dsl::CastOp<std::decay_t<decltype(op.dtypes)>>>) {
+    hana::for_each(op.dtypes, [&](auto from) {
+      hana::for_each(op.dtypes, [&](auto to) {
+        using F = typename decltype(from)::type;
+        using T = typename decltype(to)::type;
+        if constexpr (!std::is_same_v<F, T>) {
+          DType f = dtype_of_v<F>, t = dtype_of_v<T>;
+          out.push_back({"cast", std::string(dtype_name(f)) + "_to_" + std::string(dtype_name(t)),
+                         [f, t] { return build_cast(f, t); }});
+        }
+      });
+    });
+  } else {
+    hana::for_each(op.dtypes, [&](auto type) {
+      using T = typename decltype(type)::type;
+      out.push_back({op.name, dtype_str<T>(), [op, type] { return build(op, type); }});
+    });
+  }
+}
+
+std::string sanitize(std::string s) {
+  for (auto& c : s)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+const char* scheduler_plugin(schedules::Scheduler s) {
+  return s == schedules::Scheduler::adams2019 ? "Adams2019" : "Mullapudi2016";
+}
+
+struct Emitted {
+  std::string fn, op, dtype_key, variant, target;
+  Pipeline meta;
+  std::vector<int64_t> min_extents;
+};
+
+int run(const Options& opt) {
+  dsl::Family family;
+  bool found = false;
+  for (auto f : {dsl::Family::elementwise, dsl::Family::reduction, dsl::Family::contraction,
+                 dsl::Family::window, dsl::Family::movement})
+    if (opt.family == dsl::family_name(f)) family = f, found = true;
+  if (!found) {
+    std::cerr << "opforge-kc: unknown family '" << opt.family << "'\n";
+    return 2;
+  }
+  std::vector<KernelSource> all;
+  hana::for_each(OPFORGE_OPS_TABLE, [&](const auto& op) { collect_op(op, family, all); });
+  std::vector<KernelSource> mine;
+  for (size_t i = 0; i < all.size(); i++)
+    if (int(i % opt.shards) == opt.shard) mine.push_back(all[i]);
+
+  if (!opt.adams.empty()) Halide::load_plugin(opt.adams);
+  if (!opt.mullapudi.empty()) Halide::load_plugin(opt.mullapudi);
+
+  std::vector<Emitted> emitted;
+  auto variants = schedules::variants_for(family);
+  for (const auto& target : schedules::cpu_targets()) {
+    Halide::Target t(target.halide + (schedules::strict_float(family) ? "-strict_float" : ""));
+    Halide::Module module(opt.unit + "_" + target.tag, t);
+    for (const auto& k : mine) {
+      for (const auto& v : variants) {
+        if (!opt.only_variants.empty() && ("," + opt.only_variants + ",").find("," + v.name + ",") == std::string::npos)
+          continue;
+        if (v.scheduler == schedules::Scheduler::adams2019 && opt.adams.empty()) continue;
+        if (v.scheduler == schedules::Scheduler::mullapudi2016 && opt.mullapudi.empty()) continue;
+        auto t0 = std::chrono::steady_clock::now();
+        Pipeline p = k.build();
+        std::vector<int64_t> min_extents;
+        Halide::Pipeline pipeline(p.out);
+        if (v.scheduler == schedules::Scheduler::manual) {
+          min_extents = schedules::schedule_manual(p, t, v.name);
+        } else {
+          min_extents = p.set_estimates(v.estimate);
+          pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
+                                 Halide::MachineParams(schedules::kMachineParams));
+        }
+        std::string fn = sanitize(opt.prefix + "_" + k.op + "_" + k.dtype_key + "_" + v.name + "_" + target.tag);
+        Halide::Module m = pipeline.compile_to_module(p.args, fn, t);
+        for (const auto& f : m.functions()) module.append(f);
+        for (const auto& b : m.buffers()) module.append(b);
+        emitted.push_back({fn, k.op, k.dtype_key, v.name, target.tag, p, min_extents});
+        if (getenv("OPFORGE_KC_VERBOSE")) {
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          fprintf(stderr, "  %-60s %.2fs\n", fn.c_str(), s);
+        }
+      }
+    }
+    module.compile({{Halide::OutputFileType::object, opt.out_dir + "/" + opt.unit + "." + target.tag + ".o"}});
+  }
+
+  std::ofstream reg(opt.out_dir + "/" + opt.unit + ".registry.cpp");
+  reg << "// Generated by opforge-kc for " << opt.unit << ": do not edit.\n"
+      << "#include <iterator>\n#include \"opforge/kernel_abi.hpp\"\n\nextern \"C\" {\n";
+  for (const auto& e : emitted)
+    reg << "int " << e.fn << "_argv(void**);\nconst struct halide_filter_metadata_t* " << e.fn << "_metadata();\n";
+  reg << "}\n\nnamespace {\nconst opforge::KernelVariant kVariants[] = {\n";
+  for (const auto& e : emitted) {
+    reg << "    {\"" << e.op << "\", \"" << dsl::family_name(e.meta.family) << "\", \"" << e.dtype_key << "\", "
+        << "opforge::DType(" << int(e.meta.in_dtype) << "), opforge::DType(" << int(e.meta.out_dtype) << "), "
+        << e.meta.num_inputs << ", \"" << e.meta.attrs << "\", " << e.meta.variant_flags << ", \"" << e.variant
+        << "\", \"" << e.target << "\", &" << e.fn << "_argv, &" << e.fn << "_metadata, {";
+    for (size_t i = 0; i < e.min_extents.size(); i++) reg << (i ? ", " : "") << e.min_extents[i];
+    reg << "}},\n";
+  }
+  reg << "};\n}  // namespace\n\n";
+  if (opt.static_init) {
+    reg << "static const bool registered_" << opt.unit << " = (opforge::register_kernels(kVariants, std::size(kVariants)), true);\n";
+  } else {
+    reg << "extern \"C\" void opforge_register_" << opt.unit << "() {\n"
+        << "  opforge::register_kernels(kVariants, std::size(kVariants));\n}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "opforge-kc: " << a << " needs a value\n";
+        exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--family") opt.family = next();
+    else if (a == "--shard") opt.shard = std::stoi(next());
+    else if (a == "--shards") opt.shards = std::stoi(next());
+    else if (a == "--out") opt.out_dir = next();
+    else if (a == "--unit") opt.unit = next();
+    else if (a == "--prefix") opt.prefix = next();
+    else if (a == "--adams") opt.adams = next();
+    else if (a == "--mullapudi") opt.mullapudi = next();
+    else if (a == "--variants") opt.only_variants = next();
+    else if (a == "--static-init") opt.static_init = true;
+    else if (a == "--runtime") {
+      // The one Halide runtime every kernel library shares.
+      Halide::compile_standalone_runtime(next(), Halide::Target("x86-64-linux-sse41"));
+      return 0;
+    } else {
+      std::cerr << "opforge-kc: unknown argument '" << a << "'\n"
+                << "usage: opforge-kc --family F --unit NAME --out DIR [--shard I --shards N] "
+                   "[--adams PLUGIN] [--mullapudi PLUGIN] [--variants a,b] [--static-init]\n"
+                   "       opforge-kc --runtime OBJECT\n";
+      return 2;
+    }
+  }
+  if (opt.unit.empty()) opt.unit = opt.family + "_" + std::to_string(opt.shard);
+  try {
+    return run(opt);
+  } catch (const Halide::Error& e) {
+    std::cerr << "opforge-kc: Halide error: " << e.what() << "\n";
+    return 1;
+  }
+}

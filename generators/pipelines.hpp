@@ -1,0 +1,332 @@
+// Turns a DSL op at one dtype into a Halide pipeline over its family's canonical view: the
+// kernel's arguments (inputs, attributes, output), the Funcs a schedule works on, and the
+// estimates an autoscheduler needs. Each family's canonical extents ("call extents") are what the
+// runtime passes when it asks whether a variant may run a call.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "opforge/dsl/op.hpp"
+
+namespace opforge::gen {
+using namespace opforge::dsl;
+using Halide::Expr;
+using Halide::Func;
+using Halide::ImageParam;
+using Halide::Var;
+
+struct Pipeline {
+  std::string op, dtype_key;
+  Family family;
+  DType in_dtype, out_dtype;
+  int num_inputs = 0;
+  std::string attrs;  // the op's attribute spec
+  int variant_flags = 0;  // family-specific: ReductionKind, WindowKind, MovementKind
+  std::vector<ImageParam> inputs;
+  std::vector<Halide::Param<double>> float_attrs;
+  std::vector<Halide::Param<int32_t>> int_attrs;
+  std::vector<Halide::Argument> args;  // in ABI order: inputs, attributes
+  Func out, acc;                       // acc: the accumulation of contraction and window ops
+  std::vector<Var> vars;               // out's pure vars, innermost first
+  // Sets estimates for an autoscheduler at the given size; returns the call extents below which
+  // the resulting schedule may be invalid.
+  std::function<std::vector<int64_t>(int64_t size)> set_estimates;
+};
+
+namespace detail {
+inline Attrs make_attrs(Pipeline& p, const char* spec, Type type) {
+  Attrs a;
+  for (const auto& s : parse_attrs(spec)) {
+    a.names.push_back(s.name);
+    if (s.integer) {
+      p.int_attrs.emplace_back(s.name);
+      a.values.push_back(p.int_attrs.back());
+      p.args.push_back(p.int_attrs.back());
+    } else {
+      p.float_attrs.emplace_back(s.name);
+      a.values.push_back(Halide::cast(type, p.float_attrs.back()));
+      p.args.push_back(p.float_attrs.back());
+    }
+  }
+  return a;
+}
+
+inline ImageParam add_input(Pipeline& p, Type t, int dims, const std::string& name, bool any_stride) {
+  ImageParam in(t, dims, name);
+  if (any_stride) in.dim(0).set_stride(Expr());
+  p.inputs.push_back(in);
+  p.args.push_back(in);
+  return in;
+}
+
+inline void estimate_attrs(Pipeline& p, int64_t int_value) {
+  for (auto& f : p.float_attrs) f.set_estimate(1.0);
+  for (auto& i : p.int_attrs) i.set_estimate(int32_t(int_value));
+}
+
+inline std::vector<Halide::Range> ranges(const std::vector<int64_t>& extents) {
+  std::vector<Halide::Range> r;
+  for (auto e : extents) r.emplace_back(0, int32_t(e));
+  return r;
+}
+
+constexpr int kEwDims = 6;
+}  // namespace detail
+
+template <class T>
+std::string dtype_str() {
+  return std::string(dtype_name(dtype_of_v<T>));
+}
+
+// ---- elementwise ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::elementwise &&
+                                                             requires { op.fn; }) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = op.family;
+  p.in_dtype = dtype_of_v<T>;
+  p.out_dtype = op.out(p.in_dtype);
+  p.dtype_key = dtype_str<T>();
+  p.num_inputs = op.arity;
+  p.attrs = op.attrs;
+  p.variant_flags = op.bool_inputs_mask;
+  Type t = halide_type<T>();
+  for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
+  EwArgs a;
+  a.type = t;
+  a.out_type = halide_type(p.out_dtype);
+  for (int i = 0; i < op.arity; i++) {
+    Type ti = (op.bool_inputs_mask >> i) & 1 ? Halide::UInt(8) : t;
+    auto in = detail::add_input(p, ti, detail::kEwDims, "in" + std::to_string(i), true);
+    a.in.push_back(in(p.vars));
+  }
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  p.out = Func("out");
+  p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
+  p.set_estimates = [p](int64_t size) mutable {
+    std::vector<int64_t> ext(detail::kEwDims, 1);
+    ext[0] = size;
+    for (auto& in : p.inputs) in.set_estimates(detail::ranges(ext));
+    p.out.set_estimates(detail::ranges(ext));
+    detail::estimate_attrs(p, 1);
+    return ext;
+  };
+  return p;
+}
+
+// cast: a two-dtype elementwise kernel, built per (from, to) pair by the generator
+inline Pipeline build_cast(DType from, DType to) {
+  Pipeline p;
+  p.op = "cast";
+  p.family = Family::elementwise;
+  p.in_dtype = from;
+  p.out_dtype = to;
+  p.dtype_key = std::string(dtype_name(from)) + "_to_" + std::string(dtype_name(to));
+  p.num_inputs = 1;
+  for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
+  auto in = detail::add_input(p, halide_type(from), detail::kEwDims, "in0", true);
+  Expr v = in(p.vars);
+  p.out = Func("out");
+  p.out(p.vars) = to == DType::Bool ? as_bool(v != Halide::cast(v.type(), 0)) : Halide::cast(halide_type(to), v);
+  p.set_estimates = [p](int64_t size) mutable {
+    std::vector<int64_t> ext(detail::kEwDims, 1);
+    ext[0] = size;
+    p.inputs[0].set_estimates(detail::ranges(ext));
+    p.out.set_estimates(detail::ranges(ext));
+    return ext;
+  };
+  return p;
+}
+
+// ---- reduction: in(i, k, o); call extents (inner, reduced, outer) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::reduction) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = op.family;
+  p.in_dtype = dtype_of_v<T>;
+  p.out_dtype = op.out(p.in_dtype);
+  p.dtype_key = dtype_str<T>();
+  p.num_inputs = 1 + op.extra_inputs;
+  p.attrs = op.attrs;
+  p.variant_flags = int(op.kind);
+  Type t = halide_type<T>();
+  RedArgs a;
+  a.i = Var("i");
+  a.k = Var("k");
+  a.o = Var("o");
+  auto in = detail::add_input(p, t, 3, "in", true);
+  a.in = Func(in);
+  for (int e = 0; e < op.extra_inputs; e++) a.extra.push_back(Func(detail::add_input(p, t, 1, "extra" + std::to_string(e), false)));
+  a.n = in.dim(1).extent();
+  a.r = Halide::RDom(0, a.n, "r");
+  a.type = t;
+  a.out_type = halide_type(p.out_dtype);
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  p.out = Func("out");
+  if (op.kind == ReductionKind::reduce) {
+    p.vars = {a.i, a.o};
+  } else {
+    p.vars = {a.i, a.k, a.o};
+  }
+  p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
+  bool normalize = op.kind == ReductionKind::normalize;
+  p.set_estimates = [p, normalize](int64_t size) mutable {
+    std::vector<int64_t> ext = {1, size, size};
+    p.inputs[0].set_estimates(detail::ranges(ext));
+    for (size_t e = 1; e < p.inputs.size(); e++) p.inputs[e].set_estimates({{0, int32_t(size)}});
+    p.out.set_estimates(normalize ? detail::ranges(ext) : detail::ranges({1, size}));
+    detail::estimate_attrs(p, 1);
+    return ext;
+  };
+  return p;
+}
+
+// ---- contraction: a(k, m, b), b(n, k, b), c(n, m, b); call extents (N, M, K, batch) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::contraction) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = op.family;
+  p.in_dtype = p.out_dtype = dtype_of_v<T>;
+  p.dtype_key = dtype_str<T>();
+  p.num_inputs = op.has_c ? 3 : 2;
+  p.attrs = op.attrs;
+  Type t = halide_type<T>();
+  ContractionArgs a;
+  a.n = Var("n");
+  a.m = Var("m");
+  a.batch = Var("batch");
+  auto A = detail::add_input(p, t, 3, "a", false);
+  auto B = detail::add_input(p, t, 3, "b", false);
+  a.a = Func(A);
+  a.b = Func(B);
+  if (op.has_c) a.c = Func(detail::add_input(p, t, 3, "c", true));
+  a.r = Halide::RDom(0, A.dim(0).extent(), "r");
+  a.type = t;
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  AccOut ao = op.fn(a);
+  p.acc = ao.acc;
+  p.out = ao.out;
+  p.vars = {a.n, a.m, a.batch};
+  p.set_estimates = [p](int64_t size) mutable {
+    p.inputs[0].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    p.inputs[1].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    if (p.inputs.size() > 2) p.inputs[2].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    p.out.set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    detail::estimate_attrs(p, 1);
+    return std::vector<int64_t>{size, size, size, 1};
+  };
+  return p;
+}
+
+// ---- window: in(w, h, c, n); call extents are the output's (W, H, C, N) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::window) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = op.family;
+  p.in_dtype = p.out_dtype = dtype_of_v<T>;
+  p.dtype_key = dtype_str<T>();
+  p.attrs = op.attrs;
+  p.variant_flags = int(op.kind);
+  bool conv = op.kind == WindowKind::conv;
+  p.num_inputs = conv ? 3 : 1;
+  Type t = halide_type<T>();
+  WindowArgs a;
+  a.w = Var("w");
+  a.h = Var("h");
+  a.c = Var("c");
+  a.n = Var("n");
+  auto in = detail::add_input(p, t, 4, "in", false);
+  a.in = Halide::BoundaryConditions::constant_exterior(in, Halide::cast(t, 0));
+  a.in_w = in.dim(0).extent();
+  a.in_h = in.dim(1).extent();
+  a.in_c = in.dim(2).extent();
+  a.type = t;
+  if (conv) {
+    auto w = detail::add_input(p, t, 4, "weight", false);
+    a.weight = Func(w);
+    a.bias = Func(detail::add_input(p, t, 1, "bias", false));
+    a.kernel_w = w.dim(0).extent();
+    a.kernel_h = w.dim(1).extent();
+    a.out_c = w.dim(3).extent();
+  }
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  if (!conv) {
+    a.kernel_h = a.attr["kernel_h"];
+    a.kernel_w = a.attr["kernel_w"];
+  }
+  AccOut ao = op.fn(a);
+  p.acc = ao.acc;
+  p.out = ao.out;
+  p.vars = {a.w, a.h, a.c, a.n};
+  p.set_estimates = [p, conv](int64_t size) mutable {
+    // size: spatial extent; 16 channels, batch 1, 3x3 kernels, stride 1, padding 1
+    int32_t s = int32_t(size);
+    p.inputs[0].set_estimates({{0, s}, {0, s}, {0, 16}, {0, 1}});
+    if (conv) {
+      p.inputs[1].set_estimates({{0, 3}, {0, 3}, {0, 16}, {0, 16}});
+      p.inputs[2].set_estimates({{0, 16}});
+    }
+    p.out.set_estimates({{0, s}, {0, s}, {0, 16}, {0, 1}});
+    for (auto& f : p.float_attrs) f.set_estimate(1.0);
+    for (auto& i : p.int_attrs) {
+      std::string n = i.name();
+      i.set_estimate(n.rfind("kernel", 0) == 0 ? 3 : n.rfind("pad", 0) == 0 ? 1 : 1);
+    }
+    return std::vector<int64_t>{size, size, 16, 1};
+  };
+  return p;
+}
+
+// ---- movement: copy(in, 6-D, any strides) and gather(in(i, k, o), index(j)) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::movement) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = op.family;
+  p.in_dtype = p.out_dtype = dtype_of_v<T>;
+  p.dtype_key = dtype_str<T>();
+  p.variant_flags = int(op.kind);
+  Type t = halide_type<T>();
+  p.out = Func("out");
+  if (op.kind == MovementKind::copy) {
+    p.num_inputs = 1;
+    for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
+    auto in = detail::add_input(p, t, detail::kEwDims, "in", true);
+    p.out(p.vars) = in(p.vars);
+    p.out.output_buffer().dim(0).set_stride(Expr());
+    p.set_estimates = [p](int64_t size) mutable {
+      std::vector<int64_t> ext(detail::kEwDims, 1);
+      ext[0] = size;
+      p.inputs[0].set_estimates(detail::ranges(ext));
+      p.out.set_estimates(detail::ranges(ext));
+      return ext;
+    };
+  } else {
+    p.num_inputs = 2;
+    Var i("i"), j("j"), o("o");
+    auto in = detail::add_input(p, t, 3, "in", true);
+    auto index = detail::add_input(p, Halide::Int(64), 1, "index", true);
+    Expr n = in.dim(1).extent();
+    Expr idx = Halide::cast<int32_t>(index(j));
+    idx = Halide::clamp(Halide::select(idx < 0, idx + n, idx), 0, n - 1);
+    p.out(i, j, o) = in(i, idx, o);
+    p.out.output_buffer().dim(0).set_stride(Expr());
+    p.vars = {i, j, o};
+    // Gathers are mostly rows of an embedding table: estimate 256 rows of size/256 elements.
+    p.set_estimates = [p](int64_t size) mutable {
+      int32_t rows = 256, inner = int32_t(std::max<int64_t>(size / rows, 1));
+      p.inputs[0].set_estimates({{0, inner}, {0, rows}, {0, 1}});
+      p.inputs[1].set_estimates({{0, rows}});
+      p.out.set_estimates({{0, inner}, {0, rows}, {0, 1}});
+      return std::vector<int64_t>{inner, rows, 1};
+    };
+  }
+  return p;
+}
+
+}  // namespace opforge::gen

@@ -1,0 +1,124 @@
+// The op API: one function per built-in op, plus family-level entry points that call any
+// registered op by name (user ops added with opforge_add_ops go through those). Each call maps
+// its arguments onto the family's canonical view and lets the dispatcher pick the kernel.
+#pragma once
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opforge/tensor.hpp"
+
+namespace opforge {
+
+// An attribute value: the op's attribute spec says whether it is read as a float or an integer.
+using AttrValues = std::vector<double>;
+
+// ---- family entry points (any registered op, by name) ----
+Tensor elementwise(const std::string& op, const std::vector<Tensor>& inputs, const AttrValues& attrs = {});
+// Reduces over `axes` (all when empty). Normalising ops (softmax, layer_norm) take one axis block.
+Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, bool keepdims,
+                 const AttrValues& attrs = {}, const std::vector<Tensor>& extra = {});
+
+// ---- elementwise ----
+#define OPFORGE_UNARY(name) Tensor name(const Tensor& x);
+OPFORGE_UNARY(neg)
+OPFORGE_UNARY(abs)
+OPFORGE_UNARY(exp)
+OPFORGE_UNARY(log)
+OPFORGE_UNARY(log1p)
+OPFORGE_UNARY(expm1)
+OPFORGE_UNARY(sqrt)
+OPFORGE_UNARY(rsqrt)
+OPFORGE_UNARY(reciprocal)
+OPFORGE_UNARY(sin)
+OPFORGE_UNARY(cos)
+OPFORGE_UNARY(tanh)
+OPFORGE_UNARY(sigmoid)
+OPFORGE_UNARY(relu)
+OPFORGE_UNARY(gelu)
+OPFORGE_UNARY(softplus)
+OPFORGE_UNARY(erf)
+OPFORGE_UNARY(floor)
+OPFORGE_UNARY(ceil)
+OPFORGE_UNARY(round)
+OPFORGE_UNARY(sign)
+OPFORGE_UNARY(logical_not)
+#undef OPFORGE_UNARY
+Tensor leaky_relu(const Tensor& x, double alpha = 0.01);
+Tensor elu(const Tensor& x, double alpha = 1.0);
+Tensor clip(const Tensor& x, double min, double max);
+
+#define OPFORGE_BINARY(name)                          \
+  Tensor name(const Tensor& a, const Tensor& b);      \
+  Tensor name(const Tensor& a, double b);
+OPFORGE_BINARY(add)
+OPFORGE_BINARY(sub)
+OPFORGE_BINARY(mul)
+OPFORGE_BINARY(div)
+OPFORGE_BINARY(pow)
+OPFORGE_BINARY(maximum)
+OPFORGE_BINARY(minimum)
+OPFORGE_BINARY(mod)
+OPFORGE_BINARY(eq)
+OPFORGE_BINARY(ne)
+OPFORGE_BINARY(lt)
+OPFORGE_BINARY(le)
+OPFORGE_BINARY(gt)
+OPFORGE_BINARY(ge)
+#undef OPFORGE_BINARY
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor cast(const Tensor& x, DType dtype);
+
+// ---- reductions (axes empty = all) ----
+Tensor sum(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor mean(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor prod(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor max(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor min(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
+Tensor var(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false, double ddof = 0);
+// argmax/argmin over one axis, or over the flattened tensor when axis is empty.
+Tensor argmax(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdims = false);
+Tensor argmin(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdims = false);
+Tensor softmax(const Tensor& x, int axis = -1);
+Tensor log_softmax(const Tensor& x, int axis = -1);
+// Normalises over the trailing dims named by normalized_shape; weight and bias default to 1 and 0.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+
+// ---- contraction ----
+// NumPy matmul: 1-D operands are promoted, batch dimensions broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// ONNX/BLAS gemm on 2-D operands: alpha * op(A) op(B) + beta * C, C broadcast to (M, N).
+Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c = {}, double alpha = 1, double beta = 1,
+            bool trans_a = false, bool trans_b = false);
+
+// ---- window (NCHW) ----
+struct Conv2dOptions {
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& o = {});
+struct Pool2dOptions {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{0, 0};  // 0: the kernel size
+  std::array<int64_t, 2> padding{0, 0};
+  bool count_include_pad = true;  // avg_pool2d only
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
+
+// ---- movement ----
+Tensor concat(const std::vector<Tensor>& xs, int axis = 0);
+// pads[d] = {before, after} for each dim, from the first.
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value = 0);
+Tensor index_select(const Tensor& x, int axis, const Tensor& index);
+Tensor gather(const Tensor& x, int axis, const Tensor& index);  // NumPy take along one axis
+// Writes src into dst (a view), broadcasting src and converting it to dst's dtype.
+void copy_into(const Tensor& dst, const Tensor& src);
+
+}  // namespace opforge

@@ -1,0 +1,56 @@
+// The registry of generated kernels, grouped as op -> dtype -> variants, and what the command line
+// and tests read from it. Filled by the generated registry sources (kernel_abi.hpp); for each
+// variant the best CPU feature level this machine supports is kept.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "opforge/kernel_abi.hpp"
+
+namespace opforge {
+
+struct AttrInfo {
+  std::string name;
+  bool integer = false;
+};
+
+struct VariantInfo {
+  std::string name;
+  const KernelVariant* kernel;  // at the best target this CPU supports
+  int num_extents = 0;
+  bool has_minimum() const;
+};
+
+struct OpInfo;
+
+// All variants of one op at one dtype signature: what the dispatcher chooses among.
+struct KernelGroup {
+  const OpInfo* op = nullptr;
+  std::string dtype_key;
+  DType in_dtype, out_dtype;
+  std::vector<VariantInfo> variants;
+  uint32_t id = 0;  // dense index, for the performance model's keys
+};
+
+struct OpInfo {
+  std::string name, family;
+  int num_inputs = 0;
+  int flags = 0;
+  std::vector<AttrInfo> attrs;
+  std::map<std::string, KernelGroup> groups;  // by dtype key
+  // The group for this dtype key, or an Error naming the dtypes the op supports.
+  const KernelGroup& group(const std::string& dtype_key) const;
+  const KernelGroup* find_group(const std::string& dtype_key) const;
+  std::vector<std::string> dtype_keys() const;
+};
+
+// Throws an Error listing close names when the op is unknown.
+const OpInfo& op_info(const std::string& name);
+const OpInfo* find_op(const std::string& name);
+std::vector<const OpInfo*> all_ops();
+
+// The CPU feature level the kernels were selected for ("avx512", "avx2" or "sse41").
+std::string cpu_target();
+
+}  // namespace opforge

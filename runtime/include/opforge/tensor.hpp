@@ -1,0 +1,131 @@
+// Tensor: a typed, strided view of reference-counted storage. Views (reshape, transpose, slice,
+// expand) share storage and never copy; contiguous() copies only when the view is not dense.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "opforge/dtype.hpp"
+#include "opforge/error.hpp"
+
+namespace opforge {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+// Seedable random source for rand/randn (mt19937_64 underneath, so a seed gives the same
+// numbers on every platform).
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0x0f0f0f0f) : engine_(seed) {}
+  void seed(uint64_t s) { engine_.seed(s); }
+  std::mt19937_64& engine() { return engine_; }
+
+ private:
+  std::mt19937_64 engine_;
+};
+Generator& default_generator();
+
+struct Storage;
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // ---- creation ----
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::Float32);
+  static Tensor scalar(double value, DType dtype = DType::Float32);
+  static Tensor arange(double start, double stop, double step = 1, DType dtype = DType::Float32);
+  static Tensor rand(const Shape& shape, DType dtype = DType::Float32, Generator& g = default_generator());
+  static Tensor randn(const Shape& shape, DType dtype = DType::Float32, Generator& g = default_generator());
+  // Copies `shape`'s element count of T from host memory.
+  template <class T>
+  static Tensor from_data(const T* data, const Shape& shape) {
+    Tensor t = empty(shape, dtype_of_v<T>);
+    t.copy_from_host(data, t.numel() * sizeof(T));
+    return t;
+  }
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& v, const Shape& shape) {
+    OPFORGE_CHECK(int64_t(v.size()) == shape_numel(shape))
+        << "from_vector: " << v.size() << " values do not fill shape " << shape_str(shape);
+    return from_data(v.data(), shape);
+  }
+  template <class T>
+  static Tensor from_vector(const std::vector<T>& v) {
+    return from_data(v.data(), {int64_t(v.size())});
+  }
+
+  // ---- properties ----
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }  // in elements
+  int64_t offset() const { return offset_; }          // in elements
+  int dim() const { return int(shape_.size()); }
+  int64_t size(int d) const;
+  int64_t numel() const { return shape_numel(shape_); }
+  bool is_contiguous() const;
+  size_t element_size() const { return dtype_size(dtype_); }
+  // Address of element [0, ..., 0].
+  void* data() const;
+  template <class T>
+  T* data_ptr() const {
+    check_type(dtype_of_v<T>);
+    return static_cast<T*>(data());
+  }
+
+  // ---- views: share storage ----
+  Tensor view(const Shape& shape) const;     // needs a layout that allows it
+  Tensor reshape(const Shape& shape) const;  // view when possible, else a contiguous copy; -1 infers
+  Tensor transpose(int d0, int d1) const;
+  Tensor permute(const std::vector<int>& dims) const;
+  Tensor expand(const Shape& shape) const;  // size-1 dims broadcast with stride 0
+  Tensor slice(int d, int64_t start, int64_t stop, int64_t step = 1) const;  // Python semantics
+  Tensor select(int d, int64_t index) const;
+  Tensor squeeze(int d) const;
+  Tensor unsqueeze(int d) const;
+  Tensor flatten() const { return reshape({numel()}); }
+
+  // ---- copies ----
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(DType dtype) const;  // cast; the same tensor if the dtype already matches
+  void copy_to_host(void* dst, size_t bytes) const;  // in row-major order
+  void copy_from_host(const void* src, size_t bytes);  // this tensor must be contiguous
+  template <class T>
+  std::vector<T> to_vector() const {
+    check_type(dtype_of_v<T>);
+    std::vector<T> v(static_cast<size_t>(numel()));
+    copy_to_host(v.data(), v.size() * sizeof(T));
+    return v;
+  }
+  // Value of a one-element tensor, converted to double.
+  double item() const;
+  // Elements as double in row-major order, whatever the dtype (for tests and printing).
+  std::vector<double> to_double_vector() const;
+  std::string str() const;
+
+  // ---- internal: the runtime builds tensors from parts ----
+  Tensor(std::shared_ptr<Storage> s, DType d, Shape shape, Shape strides, int64_t offset);
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+ private:
+  void check_type(DType t) const;
+  std::shared_ptr<Storage> storage_;
+  DType dtype_ = DType::Float32;
+  Shape shape_, strides_;
+  int64_t offset_ = 0;
+};
+
+Shape contiguous_strides(const Shape& shape);
+
+}  // namespace opforge

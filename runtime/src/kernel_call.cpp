@@ -1,0 +1,153 @@
+// Halide buffers over tensors, attribute conversion and dimension collapsing.
+#include "kernel_call.hpp"
+
+#include <climits>
+#include <sstream>
+
+namespace opforge::detail {
+
+View view_of(const Tensor& t) {
+  View v;
+  v.host = t.numel() ? t.data() : nullptr;
+  v.dtype = t.dtype();
+  v.n = std::max(t.dim(), 1);
+  OPFORGE_CHECK(t.dim() <= kMaxDims) << "internal: view of rank " << t.dim();
+  if (t.dim() == 0) {
+    v.extent[0] = 1;
+    v.stride[0] = 1;
+  }
+  for (int i = 0; i < t.dim(); i++) {
+    v.extent[i] = t.shape()[t.dim() - 1 - i];
+    v.stride[i] = t.strides()[t.dim() - 1 - i];
+  }
+  return v;
+}
+
+View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
+  View v;
+  v.host = t.numel() ? t.data() : nullptr;
+  v.dtype = t.dtype();
+  int64_t s = 1;
+  for (auto e : extents) {
+    v.extent[v.n] = e;
+    v.stride[v.n] = s;
+    s *= e;
+    v.n++;
+  }
+  return v;
+}
+
+void KernelArgs::buffer(const View& v) {
+  Buf& b = bufs_[nb_++];
+  b.b.host = static_cast<uint8_t*>(v.host);
+  b.b.type = halide_type_of(v.dtype);
+  b.b.dimensions = v.n;
+  b.b.dim = b.d;
+  for (int i = 0; i < v.n; i++) {
+    OPFORGE_CHECK(v.extent[i] <= INT32_MAX && v.stride[i] <= INT32_MAX && v.stride[i] >= INT32_MIN)
+        << "tensor dimension " << v.extent[i] << " (stride " << v.stride[i]
+        << ") exceeds the 2^31 limit of generated kernels";
+    b.d[i] = {0, int32_t(v.extent[i]), int32_t(v.stride[i]), 0};
+  }
+  args_[na_++] = &b.b;
+}
+
+void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
+  OPFORGE_CHECK(values.size() == op.attrs.size())
+      << op.name << ": expected " << op.attrs.size() << " attribute(s), got " << values.size();
+  for (size_t i = 0; i < values.size(); i++) {
+    if (op.attrs[i].integer) {
+      i_[ni_] = int32_t(values[i]);
+      args_[na_++] = &i_[ni_++];
+    } else {
+      f_[nf_] = values[i];
+      args_[na_++] = &f_[nf_++];
+    }
+  }
+}
+
+bool collapse(const Shape& shape, const std::vector<const Shape*>& strides, std::vector<View>& views) {
+  int r = int(shape.size());
+  for (auto& v : views) v.n = 0;
+  int n = 0;
+  int64_t group_extent = 0;
+  for (int d = r - 1; d >= 0; d--) {
+    if (shape[d] == 1) continue;
+    bool merge = n > 0;
+    for (size_t k = 0; merge && k < views.size(); k++)
+      merge = (*strides[k])[d] == views[k].stride[n - 1] * group_extent;
+    if (merge) {
+      group_extent *= shape[d];
+      for (auto& v : views) v.extent[n - 1] = group_extent;
+      continue;
+    }
+    if (n == kMaxDims) return false;
+    group_extent = shape[d];
+    for (size_t k = 0; k < views.size(); k++) {
+      views[k].extent[n] = shape[d];
+      views[k].stride[n] = (*strides[k])[d];
+    }
+    n++;
+  }
+  // The 6-D kernels take exactly kMaxDims dims: pad with size-1 dims.
+  for (auto& v : views) {
+    for (int i = n; i < kMaxDims; i++) {
+      v.extent[i] = 1;
+      v.stride[i] = i == 0 ? 1 : v.stride[i - 1] * v.extent[i - 1];
+    }
+    v.n = kMaxDims;
+  }
+  return true;
+}
+
+Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs) {
+  std::vector<Shape> shapes;
+  for (const auto& t : inputs) shapes.push_back(t.shape());
+  return broadcast_shapes(op, shapes);
+}
+
+Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
+  size_t rank = 0;
+  for (const auto& s : inputs) rank = std::max(rank, s.size());
+  Shape out(rank, 1);
+  for (size_t k = 0; k < inputs.size(); k++) {
+    const Shape& s = inputs[k];
+    size_t lead = rank - s.size();
+    for (size_t i = 0; i < s.size(); i++) {
+      int64_t& o = out[lead + i];
+      if (s[i] == o || s[i] == 1) continue;
+      if (o == 1) {
+        o = s[i];
+        continue;
+      }
+      std::ostringstream shapes;
+      for (size_t j = 0; j < inputs.size(); j++) shapes << (j ? " and " : "") << shape_str(inputs[j]);
+      OPFORGE_CHECK(false) << op << ": cannot broadcast shapes " << shapes.str() << ": argument " << k
+                           << " has size " << s[i] << " in dimension " << lead + i << " where " << o
+                           << " is expected (or 1)";
+    }
+  }
+  return out;
+}
+
+CallExtents extents_of(const View& v) {
+  CallExtents c;
+  c.n = kMaxDims;
+  for (int i = 0; i < kMaxDims; i++) c.e[i] = i < v.n ? v.extent[i] : 1;
+  return c;
+}
+
+CallExtents extents(std::initializer_list<int64_t> e) {
+  CallExtents c;
+  for (auto x : e) c.e[c.n++] = x;
+  return c;
+}
+
+int wrap_axis(const char* op, int axis, int rank) {
+  int r = std::max(rank, 1);
+  OPFORGE_CHECK(axis >= -r && axis < r) << op << ": axis " << axis << " is out of range for a tensor of rank "
+                                        << rank << " (expected " << -r << " to " << r - 1 << ")";
+  return axis < 0 ? axis + r : axis;
+}
+
+}  // namespace opforge::detail

@@ -1,0 +1,75 @@
+// Building the argument array of a generated kernel: Halide buffers over tensor views (dims
+// innermost first), attributes converted per the op's spec, and the dimension collapsing that
+// maps an N-d strided call onto the family's canonical view.
+#pragma once
+#include <HalideRuntime.h>
+
+#include <array>
+
+#include "opforge/dispatch.hpp"
+#include "opforge/error.hpp"
+#include "opforge/ops.hpp"
+#include "opforge/registry.hpp"
+#include "opforge/tensor.hpp"
+
+namespace opforge::detail {
+
+inline constexpr int kMaxDims = 6;
+
+inline halide_type_t halide_type_of(DType t) {
+  switch (t) {
+    case DType::Bool: return {halide_type_uint, 8, 1};
+    case DType::Int32: return {halide_type_int, 32, 1};
+    case DType::Int64: return {halide_type_int, 64, 1};
+    case DType::Float32: return {halide_type_float, 32, 1};
+    case DType::Float64: return {halide_type_float, 64, 1};
+  }
+  return {};
+}
+
+// A view in Halide's terms: extents and strides in elements, innermost first.
+struct View {
+  void* host = nullptr;
+  DType dtype = DType::Float32;
+  int n = 0;
+  int64_t extent[kMaxDims] = {};
+  int64_t stride[kMaxDims] = {};
+};
+
+// The tensor's dims reversed (innermost first); rank 0 becomes one dim of extent 1.
+View view_of(const Tensor& t);
+// A view of a contiguous tensor with the given extents (innermost first).
+View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
+
+class KernelArgs {
+ public:
+  void buffer(const View& v);
+  void attrs(const OpInfo& op, const AttrValues& values);
+  void** argv() { return args_.data(); }
+
+ private:
+  struct Buf {
+    halide_buffer_t b{};
+    halide_dimension_t d[kMaxDims]{};
+  };
+  std::array<Buf, 6> bufs_{};
+  std::array<double, 8> f_{};
+  std::array<int32_t, 8> i_{};
+  std::array<void*, 16> args_{};
+  int nb_ = 0, nf_ = 0, ni_ = 0, na_ = 0;
+};
+
+// Merges adjacent dims of same-shaped views where every view allows it (strides nest), and drops
+// size-1 dims, then pads to exactly kMaxDims dims. Returns false if more than kMaxDims remain.
+bool collapse(const Shape& shape, const std::vector<const Shape*>& strides, std::vector<View>& views);
+
+// Output shape of NumPy broadcasting; the error names the op and the shapes.
+Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs);
+Shape broadcast_shapes(const char* op, const std::vector<Shape>& shapes);
+
+CallExtents extents_of(const View& v);
+CallExtents extents(std::initializer_list<int64_t> e);
+
+int wrap_axis(const char* op, int axis, int rank);
+
+}  // namespace opforge::detail

@@ -1,0 +1,139 @@
+// Contraction family: NumPy matmul and BLAS-style gemm onto batched (B, M, K) x (B, K, N). Batch
+// broadcasting uses stride-0 views; only a transposed inner dimension is copied.
+#include "kernel_call.hpp"
+
+namespace opforge {
+namespace {
+using namespace detail;
+
+// The operand's batch dims as one (extent, stride), or false if they do not nest.
+bool one_batch_stride(const Tensor& t, int64_t& stride) {
+  int nb = t.dim() - 2;
+  stride = 0;
+  int64_t expect = -1;
+  for (int d = nb - 1; d >= 0; d--) {
+    if (t.shape()[d] == 1) continue;
+    if (expect < 0) {
+      stride = t.strides()[d];
+    } else if (t.strides()[d] != expect) {
+      return false;
+    }
+    expect = t.strides()[d] * t.shape()[d];
+  }
+  return true;
+}
+
+// Halide view (inner, outer, batch) of a 2-D-or-more operand whose last dim has stride 1.
+View matrix_view(Tensor& t, int64_t batch) {
+  int64_t bs;
+  if (t.strides().back() != 1 && t.shape().back() != 1) t = t.contiguous();
+  if (!one_batch_stride(t, bs)) {
+    t = t.contiguous();
+    one_batch_stride(t, bs);
+  }
+  View v;
+  v.host = t.data();
+  v.dtype = t.dtype();
+  v.n = 3;
+  int r = t.dim();
+  v.extent[0] = t.shape()[r - 1];
+  v.stride[0] = 1;
+  v.extent[1] = t.shape()[r - 2];
+  v.stride[1] = t.strides()[r - 2];
+  v.extent[2] = batch;
+  v.stride[2] = batch == 1 ? 0 : bs;
+  return v;
+}
+
+const KernelGroup& float_group(const OpInfo& op, DType a, DType b) {
+  return op.group(std::string(dtype_name(promote(a, b))));
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  static const OpInfo& op = op_info("matmul");
+  OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "matmul: an input is undefined";
+  OPFORGE_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1)
+      << "matmul: both operands need at least 1 dimension, got shapes " << shape_str(a_in.shape()) << " and "
+      << shape_str(b_in.shape());
+  const KernelGroup& g = float_group(op, a_in.dtype(), b_in.dtype());
+  Tensor a = a_in.to(g.in_dtype), b = b_in.to(g.in_dtype);
+  bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
+  if (a_vec) a = a.unsqueeze(0);
+  if (b_vec) b = b.unsqueeze(1);
+  int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  OPFORGE_CHECK(b.size(-2) == K) << "matmul: inner dimensions do not match: " << shape_str(a_in.shape()) << " @ "
+                                 << shape_str(b_in.shape()) << " (" << K << " vs " << b.size(-2) << ")";
+  Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch;
+  try {
+    batch = broadcast_shapes("matmul", std::vector<Shape>{ab, bb});
+  } catch (const Error& e) {
+    throw Error("matmul: the batch dimensions of " + shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()) +
+                " do not broadcast (" + e.what() + ")");
+  }
+  Shape a_full = batch, b_full = batch, out_shape = batch;
+  a_full.insert(a_full.end(), {M, K});
+  b_full.insert(b_full.end(), {K, N});
+  out_shape.insert(out_shape.end(), {M, N});
+  a = a.expand(a_full);
+  b = b.expand(b_full);
+  int64_t B = shape_numel(batch);
+  Tensor out = (K == 0) ? Tensor::zeros(out_shape, g.out_dtype) : Tensor::empty(out_shape, g.out_dtype);
+  if (out.numel() > 0 && K > 0) {
+    KernelArgs args;
+    args.buffer(matrix_view(a, B));
+    args.buffer(matrix_view(b, B));
+    args.buffer(dense_view(out, {N, M, B}));
+    dispatch(g, extents({N, M, K, B}), args.argv());
+  }
+  if (a_vec) out = out.squeeze(-2);
+  if (b_vec) out = out.squeeze(-1);
+  return out;
+}
+
+Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double alpha, double beta, bool trans_a,
+            bool trans_b) {
+  static const OpInfo& op = op_info("gemm");
+  OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "gemm: an input is undefined";
+  OPFORGE_CHECK(a_in.dim() == 2 && b_in.dim() == 2)
+      << "gemm: A and B must be 2-D, got " << shape_str(a_in.shape()) << " and " << shape_str(b_in.shape());
+  const KernelGroup& g = float_group(op, a_in.dtype(), b_in.dtype());
+  Tensor a = a_in.to(g.in_dtype), b = b_in.to(g.in_dtype);
+  if (trans_a) a = a.transpose(0, 1);
+  if (trans_b) b = b.transpose(0, 1);
+  int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  OPFORGE_CHECK(b.size(0) == K) << "gemm: inner dimensions do not match: op(A) is " << shape_str(a.shape())
+                                << ", op(B) is " << shape_str(b.shape());
+  Tensor c = c_in.defined() ? c_in.to(g.in_dtype) : Tensor::scalar(0, g.in_dtype);
+  if (!c_in.defined()) beta = 0;
+  OPFORGE_CHECK(c.dim() <= 2) << "gemm: C must have at most 2 dims, got " << shape_str(c.shape());
+  Shape cb = broadcast_shapes("gemm", std::vector<Shape>{c.shape(), {M, N}});
+  OPFORGE_CHECK(cb == Shape({M, N})) << "gemm: C of shape " << shape_str(c.shape())
+                                     << " does not broadcast to the result shape " << shape_str({M, N});
+  Tensor ce = c.expand({M, N});
+  Tensor out = Tensor::empty({M, N}, g.out_dtype);
+  if (out.numel() == 0) return out;
+  if (K == 0) return mul(ce.contiguous(), beta);
+  KernelArgs args;
+  args.buffer(matrix_view(a, 1));
+  args.buffer(matrix_view(b, 1));
+  View cv;
+  cv.host = ce.data();
+  cv.dtype = ce.dtype();
+  cv.n = 3;
+  cv.extent[0] = N;
+  cv.stride[0] = ce.strides()[1];
+  cv.extent[1] = M;
+  cv.stride[1] = ce.strides()[0];
+  cv.extent[2] = 1;
+  cv.stride[2] = 0;
+  args.buffer(cv);
+  args.attrs(op, {alpha, beta});
+  args.buffer(dense_view(out, {N, M, 1}));
+  dispatch(g, extents({N, M, K, 1}), args.argv());
+  return out;
+}
+
+}  // namespace opforge

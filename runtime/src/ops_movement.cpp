@@ -1,0 +1,125 @@
+// Movement family: strided copies (contiguous, concat, pad, broadcast writes) and index gathers.
+// Reshape, transpose, slice and expand are views in tensor.cpp and need no kernel.
+#include <numeric>
+
+#include "kernel_call.hpp"
+
+namespace opforge {
+using namespace detail;
+
+void copy_into(const Tensor& dst, const Tensor& src_in) {
+  static const OpInfo& op = op_info("copy");
+  OPFORGE_CHECK(dst.defined() && src_in.defined()) << "copy_into: a tensor is undefined";
+  Tensor src = src_in.dtype() == dst.dtype() ? src_in : cast(src_in, dst.dtype());
+  Shape b = broadcast_shapes("copy_into", {src, dst});
+  OPFORGE_CHECK(b == dst.shape()) << "copy_into: source of shape " << shape_str(src.shape())
+                                  << " does not broadcast to the destination shape " << shape_str(dst.shape());
+  if (dst.numel() == 0) return;
+  Tensor s = src.expand(dst.shape());
+  std::vector<const Shape*> strides = {&s.strides(), &dst.strides()};
+  std::vector<View> views(2);
+  if (!collapse(dst.shape(), strides, views)) {
+    // Too many independent strides for one kernel: one call per slice of the outermost dim.
+    for (int64_t i = 0; i < dst.size(0); i++) copy_into(dst.select(0, i), s.select(0, i));
+    return;
+  }
+  const KernelGroup& g = op.group(std::string(dtype_name(dst.dtype())));
+  views[0].host = s.data();
+  views[0].dtype = s.dtype();
+  views[1].host = dst.data();
+  views[1].dtype = dst.dtype();
+  KernelArgs args;
+  args.buffer(views[0]);
+  args.buffer(views[1]);
+  dispatch(g, extents_of(views[1]), args.argv());
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int axis) {
+  OPFORGE_CHECK(!xs.empty()) << "concat: needs at least one tensor";
+  const Tensor& first = xs[0];
+  OPFORGE_CHECK(first.defined() && first.dim() >= 1) << "concat: tensors need at least 1 dimension";
+  int ax = wrap_axis("concat", axis, first.dim());
+  DType d = first.dtype();
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); i++) {
+    OPFORGE_CHECK(xs[i].defined() && xs[i].dim() == first.dim())
+        << "concat: tensor " << i << " has rank " << xs[i].dim() << ", expected " << first.dim();
+    for (int k = 0; k < first.dim(); k++)
+      OPFORGE_CHECK(k == ax || xs[i].shape()[k] == first.shape()[k])
+          << "concat: tensor " << i << " has shape " << shape_str(xs[i].shape()) << ", expected "
+          << shape_str(first.shape()) << " in every dimension but " << ax;
+    d = promote(d, xs[i].dtype());
+    total += xs[i].shape()[ax];
+  }
+  Shape s = first.shape();
+  s[ax] = total;
+  Tensor out = Tensor::empty(s, d);
+  int64_t off = 0;
+  for (const auto& x : xs) {
+    int64_t n = x.shape()[ax];
+    if (n) copy_into(out.slice(ax, off, off + n), x);
+    off += n;
+  }
+  return out;
+}
+
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value) {
+  OPFORGE_CHECK(x.defined()) << "pad: input is undefined";
+  OPFORGE_CHECK(int(pads.size()) == x.dim())
+      << "pad: got " << pads.size() << " (before, after) pairs for a tensor of rank " << x.dim();
+  Shape s = x.shape();
+  for (int d = 0; d < x.dim(); d++) {
+    OPFORGE_CHECK(pads[d].first >= 0 && pads[d].second >= 0)
+        << "pad: padding of dimension " << d << " is negative (" << pads[d].first << ", " << pads[d].second << ")";
+    s[d] += pads[d].first + pads[d].second;
+  }
+  Tensor out = Tensor::empty(s, x.dtype());
+  copy_into(out, Tensor::scalar(value, x.dtype()));
+  Tensor inner = out;
+  for (int d = 0; d < x.dim(); d++) inner = inner.slice(d, pads[d].first, pads[d].first + x.shape()[d]);
+  copy_into(inner, x);
+  return out;
+}
+
+Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
+  static const OpInfo& op = op_info("gather");
+  OPFORGE_CHECK(x_in.defined() && index.defined()) << "index_select: an input is undefined";
+  OPFORGE_CHECK(index.dim() <= 1) << "index_select: index must be 1-D, got shape " << shape_str(index.shape());
+  OPFORGE_CHECK(index.dtype() == DType::Int32 || index.dtype() == DType::Int64)
+      << "index_select: index must be int32 or int64, got " << dtype_name(index.dtype());
+  Tensor x = x_in.dim() == 0 ? x_in.reshape({1}) : x_in;
+  int ax = wrap_axis("index_select", axis, x.dim());
+  Tensor idx = index.to(DType::Int64).reshape({-1}).contiguous();
+  int64_t n = x.shape()[ax];
+  const int64_t* iv = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); i++)
+    OPFORGE_CHECK(iv[i] >= -n && iv[i] < n)
+        << "index_select: index " << iv[i] << " is out of range for dimension " << ax << " of size " << n;
+  x = x.contiguous();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < ax; d++) outer *= x.shape()[d];
+  for (int d = ax + 1; d < x.dim(); d++) inner *= x.shape()[d];
+  Shape s = x.shape();
+  s[ax] = idx.numel();
+  Tensor out = Tensor::empty(s, x.dtype());
+  if (out.numel() == 0) return out;
+  const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
+  KernelArgs args;
+  args.buffer(dense_view(x, {inner, n, outer}));
+  args.buffer(dense_view(idx, {idx.numel()}));
+  args.buffer(dense_view(out, {inner, idx.numel(), outer}));
+  dispatch(g, extents({inner, idx.numel(), outer}), args.argv());
+  return out;
+}
+
+Tensor gather(const Tensor& x, int axis, const Tensor& index) {
+  OPFORGE_CHECK(x.defined() && index.defined()) << "gather: an input is undefined";
+  int ax = wrap_axis("gather", axis, x.dim());
+  Tensor flat = index_select(x, ax, index.reshape({-1}));
+  Shape s(x.shape().begin(), x.shape().begin() + ax);
+  s.insert(s.end(), index.shape().begin(), index.shape().end());
+  s.insert(s.end(), x.shape().begin() + ax + 1, x.shape().end());
+  return flat.reshape(s);
+}
+
+}  // namespace opforge

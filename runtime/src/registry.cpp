@@ -1,0 +1,181 @@
+// The process-wide kernel registry. Generated registry sources add their kernels; for each
+// (op, dtype, variant) the best CPU feature level this machine supports is kept.
+#include "opforge/registry.hpp"
+
+#include <HalideRuntime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "opforge/error.hpp"
+
+namespace opforge {
+namespace detail {
+void register_builtin_kernels();
+}
+
+namespace {
+
+int target_rank(const char* target) {
+  if (std::strcmp(target, "avx512") == 0) return 3;
+  if (std::strcmp(target, "avx2") == 0) return 2;
+  if (std::strcmp(target, "sse41") == 0) return 1;
+  return 0;
+}
+
+int cpu_rank() {
+  static const int rank = [] {
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512cd");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    int r = avx512 && avx2 ? 3 : avx2 ? 2 : __builtin_cpu_supports("sse4.1") ? 1 : 0;
+    if (const char* cap = std::getenv("OPFORGE_CPU_TARGET")) r = std::min(r, target_rank(cap));
+    return r;
+  }();
+  return rank;
+}
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, OpInfo> ops;
+  uint32_t next_group = 0;
+};
+
+Registry& registry_storage() {
+  static Registry r;
+  return r;
+}
+
+std::vector<AttrInfo> parse_attr_spec(const char* spec) {
+  std::vector<AttrInfo> out;
+  std::string s = spec ? spec : "";
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    AttrInfo a;
+    if (item.size() > 2 && item.compare(item.size() - 2, 2, ":i") == 0) {
+      a.integer = true;
+      item.resize(item.size() - 2);
+    }
+    a.name = item;
+    out.push_back(a);
+    pos = end + 1;
+  }
+  return out;
+}
+
+// How many call extents the family's canonical view has (see the generators' pipelines).
+int call_extent_count(const OpInfo& op) {
+  if (op.family == "reduction") return 3;
+  if (op.family == "contraction" || op.family == "window") return 4;
+  if (op.family == "movement" && op.name == "gather") return 3;
+  return kMaxCallExtents;
+}
+
+// Built-in kernels are registered on first use rather than by static initialisers, which a
+// static library's linker would drop.
+Registry& registry() {
+  static std::once_flag once;
+  std::call_once(once, [] { detail::register_builtin_kernels(); });
+  return registry_storage();
+}
+
+}  // namespace
+
+void register_kernels(const KernelVariant* variants, size_t count) {
+  Registry& r = registry_storage();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (size_t i = 0; i < count; i++) {
+    const KernelVariant& k = variants[i];
+    int rank = target_rank(k.target);
+    if (rank == 0 || rank > cpu_rank()) continue;
+    OpInfo& op = r.ops[k.op];
+    if (op.name.empty()) {
+      op.name = k.op;
+      op.family = k.family;
+      op.num_inputs = k.num_inputs;
+      op.flags = k.flags;
+      op.attrs = parse_attr_spec(k.attrs);
+    }
+    KernelGroup& g = op.groups[k.dtype_key];
+    if (!g.op) {
+      g.op = &op;
+      g.dtype_key = k.dtype_key;
+      g.in_dtype = k.in_dtype;
+      g.out_dtype = k.out_dtype;
+      g.id = r.next_group++;
+    }
+    auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) { return v.name == k.variant; });
+    if (it == g.variants.end()) {
+      VariantInfo v;
+      v.name = k.variant;
+      v.kernel = &k;
+      v.num_extents = call_extent_count(op);
+      g.variants.push_back(v);
+    } else if (target_rank(it->kernel->target) < rank) {
+      it->kernel = &k;
+    }
+  }
+}
+
+bool VariantInfo::has_minimum() const {
+  for (auto e : kernel->min_extents)
+    if (e > 1) return true;
+  return false;
+}
+
+const KernelGroup* OpInfo::find_group(const std::string& key) const {
+  auto it = groups.find(key);
+  return it == groups.end() ? nullptr : &it->second;
+}
+
+const KernelGroup& OpInfo::group(const std::string& key) const {
+  if (const KernelGroup* g = find_group(key)) return *g;
+  std::ostringstream os;
+  for (const auto& k : dtype_keys()) os << (os.tellp() ? ", " : "") << k;
+  OPFORGE_CHECK(false) << name << ": unsupported dtype " << key << "; supported: " << os.str();
+  __builtin_unreachable();
+}
+
+std::vector<std::string> OpInfo::dtype_keys() const {
+  std::vector<std::string> k;
+  for (const auto& [key, g] : groups) k.push_back(key);
+  return k;
+}
+
+const OpInfo* find_op(const std::string& name) {
+  Registry& r = registry();
+  auto it = r.ops.find(name);
+  return it == r.ops.end() ? nullptr : &it->second;
+}
+
+const OpInfo& op_info(const std::string& name) {
+  if (const OpInfo* op = find_op(name)) return *op;
+  std::ostringstream known;
+  for (const auto& [n, op] : registry().ops) known << (known.tellp() ? ", " : "") << n;
+  OPFORGE_CHECK(false) << "unknown op '" << name << "'; registered ops: " << known.str();
+  __builtin_unreachable();
+}
+
+std::vector<const OpInfo*> all_ops() {
+  std::vector<const OpInfo*> v;
+  for (const auto& [n, op] : registry().ops) v.push_back(&op);
+  return v;
+}
+
+std::string cpu_target() {
+  switch (cpu_rank()) {
+    case 3: return "avx512";
+    case 2: return "avx2";
+    case 1: return "sse41";
+  }
+  return "none";
+}
+
+}  // namespace opforge

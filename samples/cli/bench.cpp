@@ -1,0 +1,393 @@
+// The benchmarks of `opforge bench`. Each times opforge and its peer in this process, the median
+// of several repeats, after checking once that both computed the same thing.
+#include "bench.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "opforge/dispatch.hpp"
+#include "opforge/ops.hpp"
+#include "opforge/registry.hpp"
+#include "opforge/tensor.hpp"
+
+#ifdef OPFORGE_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace opforge::cli {
+namespace {
+
+using Fn = std::function<void()>;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Stores into a buffer that nobody reads afterwards may otherwise be dropped by the optimiser.
+inline void keep_memory(const void* p) { asm volatile("" : : "g"(p) : "memory"); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+double time_batch(const Fn& fn, int64_t calls) {
+  const double t0 = now_seconds();
+  for (int64_t i = 0; i < calls; ++i) fn();
+  return now_seconds() - t0;
+}
+
+// OpenBLAS and OpenMP workers spin for a while after their last job before they sleep; timing
+// one side while the other side's pool still spins would charge it for cores it cannot use.
+void let_thread_pools_idle() { std::this_thread::sleep_for(std::chrono::milliseconds(150)); }
+
+// Calls per timed batch so that one lasts about repeat_seconds: the clock's resolution and cost
+// then vanish even for calls of a microsecond.
+int64_t batch_calls(const Fn& fn, const BenchOptions& o) {
+  int64_t calls = 1;
+  double t = time_batch(fn, calls);
+  while (t < o.repeat_seconds / 4 && calls < (int64_t(1) << 40)) {
+    calls *= 2;
+    t = time_batch(fn, calls);
+  }
+  return std::max<int64_t>(1, std::llround(double(calls) * o.repeat_seconds / std::max(t, 1e-9)));
+}
+
+// Median seconds per call of each side. Repeats alternate between the sides, so a drift in
+// machine load or clock speed during the run falls on all of them alike.
+std::vector<double> seconds_per_call(const std::vector<Fn>& sides, const BenchOptions& o) {
+  std::vector<int64_t> calls;
+  for (const Fn& fn : sides) {
+    let_thread_pools_idle();
+    calls.push_back(batch_calls(fn, o));
+  }
+  std::vector<std::vector<double>> per_call(sides.size());
+  for (int r = 0; r < o.repeats; ++r) {
+    for (size_t i = 0; i < sides.size(); ++i) {
+      if (sides.size() > 1) let_thread_pools_idle();
+      per_call[i].push_back(time_batch(sides[i], calls[i]) / double(calls[i]));
+    }
+  }
+  std::vector<double> medians;
+  for (auto& v : per_call) medians.push_back(median(std::move(v)));
+  return medians;
+}
+
+void warm_up(const Fn& fn, int calls) {
+  for (int i = 0; i < calls; ++i) fn();
+}
+
+// Calls enough for the dispatcher to calibrate a new shape bucket before the clock starts: it
+// times each eligible variant calibration_runs times. The CLI never changes the policy, so the
+// default is the one in force (there is no getter for the current policy).
+int calibration_calls(const std::string& op) {
+  size_t variants = 1;
+  if (const OpInfo* info = find_op(op)) {
+    for (const auto& [key, group] : info->groups)
+      variants = std::max(variants, group.variants.size());
+  }
+  return DispatchPolicy{}.calibration_runs * int(variants) + 2;
+}
+
+// Row-major float32 values of a tensor, whatever its layout.
+std::vector<float> float_values(const Tensor& t) {
+  OPFORGE_CHECK(t.dtype() == DType::Float32)
+      << "bench: expected a float32 result, got " << dtype_name(t.dtype());
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  t.copy_to_host(v.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// A fast wrong answer must not post a number: opforge's result has to match the peer's within
+// rtol of the largest reference magnitude (summation order differs between libraries).
+template <class Ref>
+void check_close(const std::string& bench, const std::string& peer, const std::vector<float>& got,
+                 const std::vector<Ref>& ref, double rtol) {
+  OPFORGE_CHECK(got.size() == ref.size()) << bench << ": opforge gave " << got.size()
+                                          << " values to compare, " << peer << " " << ref.size();
+  double scale = 1;
+  for (Ref r : ref) scale = std::max(scale, std::abs(double(r)));
+  const double allowed = rtol * scale;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::abs(double(got[i]) - double(ref[i]));
+    OPFORGE_CHECK(diff <= allowed)  // also false for NaN
+        << bench << ": opforge and " << peer << " disagree at element " << i << ": " << got[i]
+        << " vs " << double(ref[i]) << " (difference " << diff << ", allowed " << allowed << ")";
+  }
+}
+
+void check_shape(const std::string& bench, const Tensor& t, const Shape& expected) {
+  OPFORGE_CHECK(t.shape() == expected)
+      << bench << ": opforge returned shape " << shape_str(t.shape()) << ", expected "
+      << shape_str(expected);
+}
+
+BenchResult make_result(const std::string& name, const std::string& unit, double ours,
+                        const std::string& peer_name, double peer) {
+  BenchResult r{name, unit, ours, peer_name, peer, 0};
+  if (ours > 0 && peer > 0) r.ratio = higher_is_better(unit) ? ours / peer : peer / ours;
+  return r;
+}
+
+BenchResult bench_matmul(int64_t n, const BenchOptions& o) {
+  const std::string name = "matmul_f32_" + std::to_string(n);
+  const std::string peer_name = "openblas_sgemm";
+  Generator gen(static_cast<uint64_t>(n));
+  const Tensor a = Tensor::randn({n, n}, DType::Float32, gen);
+  const Tensor b = Tensor::randn({n, n}, DType::Float32, gen);
+  const std::vector<float> ha = float_values(a), hb = float_values(b);
+  std::vector<float> hc(size_t(n * n));
+  const int ni = int(n);
+  const Fn peer = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, ha.data(), ni,
+                hb.data(), ni, 0.0f, hc.data(), ni);
+  };
+  Tensor c;
+  const Fn ours = [&] { c = matmul(a, b); };
+
+  warm_up(peer, 2);
+  warm_up(ours, calibration_calls("matmul"));
+  check_shape(name, c, {n, n});
+  check_close(name, peer_name, float_values(c), hc, 1e-3);
+
+  const double flop = 2.0 * double(n) * double(n) * double(n);
+  const std::vector<double> t = seconds_per_call({ours, peer}, o);
+  return make_result(name, "GFLOP/s", flop / t[0] * 1e-9, peer_name, flop / t[1] * 1e-9);
+}
+
+BenchResult bench_add_16m(const BenchOptions& o) {
+  const std::string name = "add_f32_16M";
+  constexpr int64_t n = int64_t(16) << 20;
+  Generator gen(16);
+  const Tensor a = Tensor::rand({n}, DType::Float32, gen);
+  const Tensor b = Tensor::rand({n}, DType::Float32, gen);
+  Tensor c;
+  // A fresh output per call, as users write it; the allocator's cache is part of what we measure.
+  const Fn ours = [&] { c = add(a, b); };
+  warm_up(ours, calibration_calls("add"));
+  check_shape(name, c, {n});
+
+  std::vector<float> src = float_values(a);
+  {
+    const std::vector<float> hb = float_values(b);
+    std::vector<float> sum(src.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = src[i] + hb[i];
+    check_close(name, "a reference loop", float_values(c), sum, 1e-6);
+  }
+
+  // The bandwidth ceiling: one thread may not saturate the memory system and two may contend,
+  // so the faster of both stands for what a copy can reach on this machine.
+  std::vector<float> dst(src.size());
+  const size_t bytes = src.size() * sizeof(float);
+  const Fn copy1 = [&] {
+    std::memcpy(dst.data(), src.data(), bytes);
+    keep_memory(dst.data());
+  };
+  const Fn copy2 = [&] {
+    const size_t half = src.size() / 2;
+    std::thread helper([&] { std::memcpy(dst.data(), src.data(), half * sizeof(float)); });
+    std::memcpy(dst.data() + half, src.data() + half, bytes - half * sizeof(float));
+    helper.join();
+    keep_memory(dst.data());
+  };
+  warm_up(copy1, 2);
+  warm_up(copy2, 2);
+
+  const double add_bytes = 3.0 * sizeof(float) * double(n);  // read a, read b, write c
+  const double copy_bytes = 2.0 * sizeof(float) * double(n);
+  const std::vector<double> t = seconds_per_call({ours, copy1, copy2}, o);
+  return make_result(name, "GB/s", add_bytes / t[0] * 1e-9, "memcpy",
+                     copy_bytes / std::min(t[1], t[2]) * 1e-9);
+}
+
+struct ConvShape {
+  int64_t n, c, h, w, oc, kh, kw, pad;
+  int64_t oh() const { return h + 2 * pad - kh + 1; }
+  int64_t ow() const { return w + 2 * pad - kw + 1; }
+};
+
+// Checks a spread of output elements against a direct loop in double precision: oneDNN may be
+// absent, and a full naive convolution would take longer than the benchmark.
+void check_conv_samples(const std::string& name, const ConvShape& s, const std::vector<float>& y,
+                        const std::vector<float>& x, const std::vector<float>& w,
+                        const std::vector<float>& bias) {
+  constexpr size_t kSamples = 4096;
+  const size_t total = y.size();
+  std::vector<float> got;
+  std::vector<double> ref;
+  for (size_t i = 0; i < kSamples; ++i) {
+    // A stride coprime with the size visits every batch, channel and border region.
+    const size_t idx = (i * 1000003 + 17) % total;
+    const int64_t ox = int64_t(idx) % s.ow(), oy = int64_t(idx) / s.ow() % s.oh();
+    const int64_t oc = int64_t(idx) / (s.ow() * s.oh()) % s.oc;
+    const int64_t nb = int64_t(idx) / (s.ow() * s.oh() * s.oc);
+    double acc = bias[size_t(oc)];
+    for (int64_t ic = 0; ic < s.c; ++ic) {
+      for (int64_t ky = 0; ky < s.kh; ++ky) {
+        for (int64_t kx = 0; kx < s.kw; ++kx) {
+          const int64_t iy = oy + ky - s.pad, ix = ox + kx - s.pad;
+          if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+          acc += double(x[size_t(((nb * s.c + ic) * s.h + iy) * s.w + ix)]) *
+                 double(w[size_t(((oc * s.c + ic) * s.kh + ky) * s.kw + kx)]);
+        }
+      }
+    }
+    got.push_back(y[idx]);
+    ref.push_back(acc);
+  }
+  check_close(name, "a direct convolution loop", got, ref, 1e-3);
+}
+
+BenchResult bench_conv2d_resnet(const BenchOptions& o) {
+  const std::string name = "conv2d_f32_resnet3x3";
+  const ConvShape s{8, 64, 56, 56, 64, 3, 3, 1};
+  const Shape out_shape{s.n, s.oc, s.oh(), s.ow()};
+  Generator gen(3);
+  const Tensor x = Tensor::randn({s.n, s.c, s.h, s.w}, DType::Float32, gen);
+  const Tensor w = Tensor::randn({s.oc, s.c, s.kh, s.kw}, DType::Float32, gen);
+  const Tensor bias = Tensor::randn({s.oc}, DType::Float32, gen);
+  Conv2dOptions opt;
+  opt.padding = {s.pad, s.pad};
+  Tensor y;
+  const Fn ours = [&] { y = conv2d(x, w, bias, opt); };
+  warm_up(ours, calibration_calls("conv2d"));
+  check_shape(name, y, out_shape);
+  const std::vector<float> hx = float_values(x), hw = float_values(w);
+  const std::vector<float> hbias = float_values(bias), hy = float_values(y);
+  check_conv_samples(name, s, hy, hx, hw, hbias);
+
+  const double flop = 2.0 * double(s.n * s.oc * s.oh() * s.ow() * s.c * s.kh * s.kw);
+
+#ifdef OPFORGE_HAVE_DNNL
+  // Plain nchw/oihw on both sides: that is the layout opforge takes, so a user switching
+  // libraries would hand oneDNN the same buffers (blocked layouts would add reorders).
+  using dnnl::memory;
+  const std::string peer_name = "onednn";
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const memory::desc src_md({s.n, s.c, s.h, s.w}, memory::data_type::f32, memory::format_tag::nchw);
+  const memory::desc w_md({s.oc, s.c, s.kh, s.kw}, memory::data_type::f32,
+                          memory::format_tag::oihw);
+  const memory::desc b_md({s.oc}, memory::data_type::f32, memory::format_tag::x);
+  const memory::desc dst_md({s.n, s.oc, s.oh(), s.ow()}, memory::data_type::f32,
+                            memory::format_tag::nchw);
+  const memory::dims strides{1, 1}, padding{s.pad, s.pad};
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::convolution_forward::primitive_desc pd(engine, dnnl::prop_kind::forward_inference,
+                                                     dnnl::algorithm::convolution_direct, src_md,
+                                                     w_md, b_md, dst_md, strides, padding, padding);
+#else
+  const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference,
+                                             dnnl::algorithm::convolution_direct, src_md, w_md,
+                                             b_md, dst_md, strides, padding, padding);
+  const dnnl::convolution_forward::primitive_desc pd(desc, engine);
+#endif
+  const dnnl::convolution_forward conv(pd);
+  // oneDNN only reads src, weights and bias; its API takes non-const handles.
+  std::vector<float> src_buf = hx, w_buf = hw, b_buf = hbias;
+  std::vector<float> dst_buf(hy.size());
+  const std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(src_md, engine, src_buf.data())},
+      {DNNL_ARG_WEIGHTS, memory(w_md, engine, w_buf.data())},
+      {DNNL_ARG_BIAS, memory(b_md, engine, b_buf.data())},
+      {DNNL_ARG_DST, memory(dst_md, engine, dst_buf.data())}};
+  const Fn peer = [&] {
+    conv.execute(stream, args);
+    stream.wait();
+  };
+  warm_up(peer, 2);
+  check_close(name, peer_name, hy, dst_buf, 1e-3);
+  const std::vector<double> t = seconds_per_call({ours, peer}, o);
+  return make_result(name, "GFLOP/s", flop / t[0] * 1e-9, peer_name, flop / t[1] * 1e-9);
+#else
+  return make_result(name, "GFLOP/s", flop / seconds_per_call({ours}, o)[0] * 1e-9, "none", 0);
+#endif
+}
+
+BenchResult bench_dispatch_add_4(const BenchOptions& o) {
+  Generator gen(4);
+  const Tensor a = Tensor::rand({4}, DType::Float32, gen);
+  const Tensor b = Tensor::rand({4}, DType::Float32, gen);
+  Tensor c;
+  const Fn ours = [&] { c = add(a, b); };
+  // Beyond calibration, enough calls to settle the allocator's cache and the branch predictors.
+  warm_up(ours, calibration_calls("add") + 1000);
+  check_shape("dispatch_add_4", c, {4});
+  // The PyTorch eager C++ per-call figure quoted in the issue (torch::add of two 4-element float
+  // tensors): a fixed reference in us/call, not measured here.
+  constexpr double kPytorchEagerUsPerCall = 1.0;
+  return make_result("dispatch_add_4", "us/call", seconds_per_call({ours}, o)[0] * 1e6,
+                     "pytorch_eager_cpp_reference", kPytorchEagerUsPerCall);
+}
+
+struct Benchmark {
+  std::string name;
+  std::function<BenchResult(const BenchOptions&)> run;
+};
+
+const std::vector<Benchmark>& benchmarks() {
+  static const std::vector<Benchmark> all = {
+      {"matmul_f32_256", [](const BenchOptions& o) { return bench_matmul(256, o); }},
+      {"matmul_f32_1024", [](const BenchOptions& o) { return bench_matmul(1024, o); }},
+      {"matmul_f32_2048", [](const BenchOptions& o) { return bench_matmul(2048, o); }},
+      {"add_f32_16M", bench_add_16m},
+      {"conv2d_f32_resnet3x3", bench_conv2d_resnet},
+      {"dispatch_add_4", bench_dispatch_add_4},
+  };
+  return all;
+}
+
+}  // namespace
+
+bool higher_is_better(const std::string& unit) {
+  const std::string per_call = "/call";
+  return !(unit.size() >= per_call.size() &&
+           unit.compare(unit.size() - per_call.size(), per_call.size(), per_call) == 0);
+}
+
+std::vector<std::string> benchmark_names() {
+  std::vector<std::string> names;
+  for (const Benchmark& b : benchmarks()) names.push_back(b.name);
+  return names;
+}
+
+std::vector<BenchResult> run_benchmarks(const BenchOptions& options) {
+  OPFORGE_CHECK(options.repeats >= 1)
+      << "bench: repeats must be at least 1, got " << options.repeats;
+  OPFORGE_CHECK(options.repeat_seconds > 0)
+      << "bench: repeat_seconds must be positive, got " << options.repeat_seconds;
+  std::regex filter;
+  try {
+    filter = std::regex(options.filter);
+  } catch (const std::regex_error& e) {
+    throw Error("bench: invalid filter regex '" + options.filter + "': " + e.what());
+  }
+  std::vector<BenchResult> results;
+  for (const Benchmark& b : benchmarks()) {
+    if (!std::regex_search(b.name, filter)) continue;
+    if (options.on_start) options.on_start(b.name);
+    results.push_back(b.run(options));
+  }
+  if (results.empty()) {
+    std::ostringstream names;
+    for (const Benchmark& b : benchmarks()) names << (names.tellp() > 0 ? ", " : "") << b.name;
+    throw Error("bench: no benchmark matches filter '" + options.filter + "'; the benchmarks are " +
+                names.str());
+  }
+  return results;
+}
+
+}  // namespace opforge::cli

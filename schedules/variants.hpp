@@ -1,0 +1,69 @@
+// The schedule variants the build produces for each family, and the CPU targets each is compiled
+// for. An autoscheduled variant is only good near the size it was estimated for, so the families
+// whose speed depends most on shape get several estimate sizes; the runtime picks among them.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "opforge/dsl/op.hpp"
+
+namespace opforge::schedules {
+
+enum class Scheduler { manual, adams2019, mullapudi2016 };
+
+struct Variant {
+  std::string name;
+  Scheduler scheduler;
+  int64_t estimate = 0;  // size handed to the family's set_estimates; 0 for manual
+};
+
+inline std::vector<Variant> variants_for(dsl::Family f) {
+  using dsl::Family;
+  std::vector<Variant> v = {{"manual", Scheduler::manual}};
+  auto both = [&](int64_t size, const std::string& suffix) {
+    v.push_back({"adams2019" + suffix, Scheduler::adams2019, size});
+    v.push_back({"mullapudi2016" + suffix, Scheduler::mullapudi2016, size});
+  };
+  switch (f) {
+    case Family::elementwise:
+    case Family::movement: both(1 << 14, ""); break;
+    case Family::reduction: both(64, ""); break;
+    case Family::contraction:
+      v.push_back({"manual_packed", Scheduler::manual});
+      v.push_back({"manual_small", Scheduler::manual});
+      both(128, "_s128");
+      both(1024, "_s1024");
+      break;
+    case Family::window:
+      v.push_back({"manual_small", Scheduler::manual});
+      both(16, "_s16");
+      both(56, "_s56");
+      break;
+  }
+  return v;
+}
+
+struct CpuTarget {
+  std::string tag;     // what the runtime calls it
+  std::string halide;  // Halide target string (no_runtime: one shared runtime is linked)
+};
+
+// Never `host`: the library runs on machines other than the build machine.
+inline std::vector<CpuTarget> cpu_targets() {
+  return {{"avx512", "x86-64-linux-sse41-avx-f16c-fma-avx2-avx512-avx512_skylake-no_runtime"},
+          {"avx2", "x86-64-linux-sse41-avx-f16c-fma-avx2-no_runtime"},
+          {"sse41", "x86-64-linux-sse41-no_runtime"}};
+}
+
+// IEEE semantics (NaN and Inf propagate, no fast-math folding of NaN checks) for the families whose
+// results users compare against NumPy at special values. Contraction and window kernels keep
+// fast math: strict_float would forbid fused multiply-adds and halve their throughput.
+inline bool strict_float(dsl::Family f) {
+  return f == dsl::Family::elementwise || f == dsl::Family::reduction || f == dsl::Family::movement;
+}
+
+// Machine description for the autoschedulers: parallelism, last-level cache, load/compute
+// balance. A generic multi-core x86 server; autotuning on the target refines it.
+inline const char* kMachineParams = "16,16777216,40";
+
+}  // namespace opforge::schedules

@@ -1,0 +1,451 @@
+// Every generated kernel variant, forced one at a time and checked against the float64 reference:
+// for each registered op, dtype group and variant, force_variant(name), run the op through the
+// public API at a shape that meets the variant's minimum call extents, and compare. The dispatch
+// statistics must show that the forced variant really ran.
+//
+// An op without an entry in this file's table fails (EveryRegisteredOpHasAVariantTest and the
+// op's own parameterised test), so a new op cannot ship untested.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "elementwise_specs.hpp"
+#include "opforge/opforge.hpp"
+#include "reference.hpp"
+
+namespace {
+using namespace ref;
+using opforge::KernelGroup;
+using opforge::OpInfo;
+using opforge::VariantInfo;
+
+// Ops that test files register for their own purposes (test_dispatch.cpp's fake kernels are
+// named test_*); they have no real kernels to check.
+bool is_test_op(const std::string& name) { return name.rfind("test_", 0) == 0; }
+
+// Forces a variant for its lifetime and restores the previous setting afterwards.
+class ForcedVariant {
+ public:
+  explicit ForcedVariant(const std::string& name) : previous_(opforge::forced_variant()) {
+    opforge::force_variant(name);
+  }
+  ~ForcedVariant() { opforge::force_variant(previous_); }
+  ForcedVariant(const ForcedVariant&) = delete;
+  ForcedVariant& operator=(const ForcedVariant&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+int64_t calls_of(const std::string& op, const std::string& dtype_key, const std::string& variant) {
+  int64_t n = 0;
+  for (const auto& s : opforge::dispatch_stats())
+    if (s.op == op && s.dtype == dtype_key && s.variant == variant) n += s.calls;
+  return n;
+}
+
+// Runs f with the variant forced (inputs must be prepared before, checks done after, so that no
+// other kernel runs under the force), and checks that the variant was dispatched.
+Tensor run_forced(const KernelGroup& g, const VariantInfo& v, const std::function<Tensor()>& f) {
+  const std::string& op = g.op->name;
+  int64_t before = calls_of(op, g.dtype_key, v.name);
+  Tensor out;
+  try {
+    ForcedVariant force(v.name);
+    out = f();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << op << " at " << g.dtype_key << " with variant " << v.name << " forced threw: " << e.what();
+    return out;
+  }
+  EXPECT_GT(calls_of(op, g.dtype_key, v.name), before)
+      << "dispatch_stats() shows no call of variant " << v.name << " of " << op << " at " << g.dtype_key;
+  return out;
+}
+
+const int64_t* mins_of(const VariantInfo& v) { return v.kernel->min_extents; }
+int64_t at_least(int64_t minimum, int64_t size) { return std::max(minimum, size); }
+
+// A tensor shape whose 6 elementwise call extents (extent 0 innermost = the last tensor dim) meet
+// the minimum; the innermost extent is at least `inner`.
+Shape elementwise_shape(const int64_t* mins, int64_t inner) {
+  int last = 0;
+  for (int d = 1; d < opforge::kMaxCallExtents; d++)
+    if (mins[d] > 1) last = d;
+  Shape s;
+  for (int d = last; d >= 0; d--) s.push_back(d == 0 ? at_least(mins[0], inner) : at_least(mins[d], 1));
+  return s;
+}
+
+std::string what(const KernelGroup& g, const VariantInfo& v) {
+  std::ostringstream os;
+  os << g.op->name << " at " << g.dtype_key << ", variant " << v.name << " (target " << v.kernel->target
+     << ", minimum extents";
+  for (int d = 0; d < opforge::kMaxCallExtents; d++) os << " " << v.kernel->min_extents[d];
+  os << ")";
+  return os.str();
+}
+
+using Handler = std::function<void(const KernelGroup&, const VariantInfo&)>;
+
+// ---- elementwise ----
+
+void check_elementwise(const EwSpec& s, const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  EXPECT_EQ(g.out_dtype, s.out_dtype(dt)) << "registry output dtype of " << s.name;
+  Shape shape = elementwise_shape(mins_of(v), 37);
+  auto in = ew_inputs(s, dt, std::vector<Shape>(size_t(s.arity), shape), "variant/" + v.name);
+  Expected want = ew_expected(s, dt, in);
+  Tensor got = run_forced(g, v, [&] { return s.call(in); });
+  expect_close(got, want, s.out_dtype(dt), s.tol(dt));
+}
+
+void check_cast(const KernelGroup& g, const VariantInfo& v) {
+  Shape shape = elementwise_shape(mins_of(v), 37);
+  Tensor x = random(shape, g.in_dtype, Data::Quantized, "variant/cast/" + g.dtype_key + v.name);
+  Expected want = broadcast_eval({x}, [&](const std::vector<double>& a) { return cast_value(a[0], g.out_dtype); });
+  Tensor got = run_forced(g, v, [&] { return opforge::cast(x, g.out_dtype); });
+  expect_close(got, want, g.out_dtype);
+}
+
+// ---- reduction: call extents (inner, reduced, outer) ----
+
+struct RedShape {
+  int64_t inner, reduced, outer;
+};
+RedShape reduction_shape(const VariantInfo& v) {
+  const int64_t* m = mins_of(v);
+  return {at_least(m[0], 3), at_least(m[1], 17), at_least(m[2], 5)};
+}
+
+Handler reduce_handler(Data data, ReduceFn fn, std::function<Tensor(const Tensor&)> call,
+                       std::function<DType(DType)> out, bool transcendental = false) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    EXPECT_EQ(g.out_dtype, out(dt)) << "registry output dtype of " << g.op->name;
+    RedShape r = reduction_shape(v);
+    Tensor x = random({r.outer, r.reduced, r.inner}, dt, data, "variant/" + g.op->name + v.name);
+    Expected want = reduce(dense(x), {1}, false, fn);
+    Tensor got = run_forced(g, v, [&] { return call(x); });
+    Tol tol = accum_tol(out(dt), r.reduced);
+    if (transcendental) tol = loosest(tol, transcendental_tol(dt));
+    expect_close(got, want, out(dt), tol);
+  };
+}
+
+Handler softmax_handler(bool log) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    RedShape r = reduction_shape(v);
+    Tensor x = random({r.outer, r.reduced, r.inner}, dt, Data::Normal, "variant/softmax" + v.name);
+    Expected want = softmax(dense(x), 1, log);
+    Tensor got = run_forced(g, v, [&] { return log ? opforge::log_softmax(x, 1) : opforge::softmax(x, 1); });
+    expect_close(got, want, dt, loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
+  };
+}
+
+void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  // layer_norm normalises trailing dims, so its inner extent is always 1
+  ASSERT_LE(m[0], 1) << what(g, v) << ": layer_norm cannot be called with an inner extent above 1";
+  int64_t reduced = at_least(m[1], 17), outer = at_least(m[2], 5);
+  Tensor x = random({outer, reduced}, dt, Data::Normal, "variant/layer_norm" + v.name);
+  Tensor w = random({reduced}, dt, Data::Normal, "variant/layer_norm w" + v.name);
+  Tensor b = random({reduced}, dt, Data::Normal, "variant/layer_norm b" + v.name);
+  Expected want = layer_norm(dense(x), 1, w.to_double_vector(), b.to_double_vector(), 1e-5);
+  Tensor got = run_forced(g, v, [&] { return opforge::layer_norm(x, {reduced}, w, b); });
+  expect_close(got, want, dt, loosest(accum_tol(dt, reduced), transcendental_tol(dt)));
+}
+
+// ---- contraction: call extents (N, M, K, batch) ----
+
+// Compares rows [r0, r1) of the result's last-but-one dim with reference(r0, r1): all of them when
+// the product is small, else three blocks of 8 rows (start, middle, end).
+void check_rows(const Tensor& got, int64_t M, int64_t K, DType dt,
+                const std::function<Expected(int64_t r0, int64_t r1)>& reference) {
+  ASSERT_TRUE(got.defined());
+  ASSERT_GE(got.dim(), 2);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (got.numel() * K <= (int64_t(1) << 24) || M < 24) {
+    ranges.push_back({0, M});
+  } else {
+    ranges = {{0, 8}, {M / 2, M / 2 + 8}, {M - 8, M}};
+  }
+  for (auto [r0, r1] : ranges) {
+    SCOPED_TRACE("rows " + std::to_string(r0) + " to " + std::to_string(r1));
+    Expected want = reference(r0, r1);
+    expect_close(got.slice(got.dim() - 2, r0, r1), want, dt, accum_tol(dt, K));
+  }
+}
+
+void check_matmul(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  int64_t N = at_least(m[0], 7), M = at_least(m[1], 9), K = at_least(m[2], 5), B = m[3];
+  Shape as = {M, K}, bs = {K, N};
+  if (B > 1) {
+    as.insert(as.begin(), B);
+    bs.insert(bs.begin(), B);
+  }
+  Tensor a = random(as, dt, Data::Normal, "variant/matmul a" + v.name);
+  Tensor b = random(bs, dt, Data::Normal, "variant/matmul b" + v.name);
+  Tensor got = run_forced(g, v, [&] { return opforge::matmul(a, b); });
+  Dense bd = dense(b);
+  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) { return matmul(dense(a.slice(a.dim() - 2, r0, r1)), bd); });
+}
+
+void check_gemm(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  ASSERT_LE(m[3], 1) << what(g, v) << ": gemm is 2-D and cannot reach a batch extent above 1";
+  int64_t N = at_least(m[0], 7), M = at_least(m[1], 9), K = at_least(m[2], 5);
+  Tensor a = random({M, K}, dt, Data::Normal, "variant/gemm a" + v.name);
+  Tensor b = random({K, N}, dt, Data::Normal, "variant/gemm b" + v.name);
+  Tensor c = random({M, N}, dt, Data::Normal, "variant/gemm c" + v.name);
+  const double alpha = 0.5, beta = 2;
+  Tensor got = run_forced(g, v, [&] { return opforge::gemm(a, b, c, alpha, beta); });
+  Dense bd = dense(b);
+  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
+    return gemm(dense(a.slice(0, r0, r1)), bd, dense(c.slice(0, r0, r1)), alpha, beta, false, false);
+  });
+}
+
+// ---- window: output call extents (W, H, C, N) ----
+
+void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), CO = at_least(m[2], 4), N = at_least(m[3], 1), CI = 3;
+  // 3x3 kernel, stride 1, padding 1: the output is as large as the input
+  Tensor x = random({N, CI, H, W}, dt, Data::Normal, "variant/conv x" + v.name);
+  Tensor w = random({CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name);
+  Tensor b = random({CO}, dt, Data::Normal, "variant/conv b" + v.name);
+  opforge::Conv2dOptions o;
+  o.padding = {1, 1};
+  ConvParams p;
+  p.pad_h = p.pad_w = 1;
+  Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
+  Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, o); });
+  expect_close(got, want, dt, accum_tol(dt, CI * 9));
+}
+
+Handler pool_handler(bool is_max) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    const int64_t* m = mins_of(v);
+    int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3), N = at_least(m[3], 1);
+    Tensor x = random({N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name);
+    opforge::Pool2dOptions o;  // 3x3, stride 1, padding 1: the output is as large as the input
+    o.kernel = {3, 3};
+    o.stride = {1, 1};
+    o.padding = {1, 1};
+    o.count_include_pad = false;
+    PoolParams p;
+    p.kernel_h = p.kernel_w = 3;
+    p.stride_h = p.stride_w = 1;
+    p.pad_h = p.pad_w = 1;
+    p.count_include_pad = false;
+    Expected want = pool2d(dense(x), p, is_max);
+    Tensor got =
+        run_forced(g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
+    expect_close(got, want, dt, accum_tol(dt, 9));
+  };
+}
+
+// ---- movement ----
+
+void check_copy(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  Shape shape = elementwise_shape(mins_of(v), 37);
+  // a strided view of exactly that shape: every other element of the innermost dim
+  Shape base_shape = shape;
+  base_shape.back() *= 2;
+  Tensor base = random(base_shape, dt, Data::Normal, "variant/copy" + v.name);
+  Tensor view = base.slice(int(shape.size()) - 1, 0, base_shape.back(), 2);
+  ASSERT_FALSE(view.is_contiguous());
+  std::vector<double> want = view.to_double_vector();
+  Tensor got = run_forced(g, v, [&] { return view.contiguous(); });
+  EXPECT_TRUE(got.is_contiguous());
+  expect_close(got, want, shape, dt, exact());
+}
+
+void check_gather(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  int64_t inner = at_least(m[0], 3), J = at_least(m[1], 11), n = 7;
+  int64_t outer = at_least(m[2], inner * J > (int64_t(1) << 20) ? 1 : 2);
+  Tensor x = random({outer, n, inner}, dt, Data::Normal, "variant/gather x" + v.name);
+  std::vector<double> idx_values = random_values(J, DType::Int64, Data::Unit, seed_of("variant/gather i" + v.name));
+  for (auto& i : idx_values) i = std::fmod(i, double(n));  // Unit ints are 0..9: fold into [0, n)
+  Tensor index = make(idx_values, {J}, DType::Int64);
+  Tensor got = run_forced(g, v, [&] { return opforge::index_select(x, 1, index); });
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.dtype(), dt);
+  ASSERT_EQ(got.shape(), (Shape{outer, J, inner}));
+  ASSERT_TRUE(got.is_contiguous());
+  // a gather copies bytes: compare rows of `inner` elements with memcmp (the output can be large)
+  size_t row = size_t(inner) * got.element_size();
+  const char* src = static_cast<const char*>(x.data());
+  const char* dst = static_cast<const char*>(got.data());
+  int64_t bad = 0;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < J; j++) {
+      int64_t k = int64_t(idx_values[size_t(j)]);
+      if (std::memcmp(dst + size_t(o * J + j) * row, src + size_t(o * n + k) * row, row) != 0) {
+        if (bad < 5) ADD_FAILURE() << "row (outer " << o << ", index " << j << " -> " << k << ") differs";
+        bad++;
+      }
+    }
+  EXPECT_EQ(bad, 0) << "rows that differ, of " << outer * J;
+}
+
+// ---- the table ----
+
+const std::map<std::string, Handler>& handlers() {
+  static const std::map<std::string, Handler> table = [] {
+    std::map<std::string, Handler> t;
+    for (const EwSpec& s : ew_specs()) {
+      const EwSpec* sp = &s;
+      t[s.name] = [sp](const KernelGroup& g, const VariantInfo& v) { check_elementwise(*sp, g, v); };
+    }
+    t["cast"] = check_cast;
+    auto same = [](DType d) { return d; };
+    auto widen = [](DType d) { return opforge::is_floating(d) ? d : DType::Int64; };
+    auto i64 = [](DType) { return DType::Int64; };
+    t["sum"] = reduce_handler(Data::Normal, fn::sum, [](const Tensor& x) { return opforge::sum(x, {1}); }, widen);
+    t["mean"] = reduce_handler(Data::Normal, fn::mean, [](const Tensor& x) { return opforge::mean(x, {1}); }, same);
+    t["prod"] = reduce_handler(Data::NearOne, fn::prod, [](const Tensor& x) { return opforge::prod(x, {1}); }, widen);
+    t["max"] = reduce_handler(Data::Normal, fn::max, [](const Tensor& x) { return opforge::max(x, {1}); }, same);
+    t["min"] = reduce_handler(Data::Normal, fn::min, [](const Tensor& x) { return opforge::min(x, {1}); }, same);
+    t["argmax"] = reduce_handler(Data::Distinct, fn::argmax, [](const Tensor& x) { return opforge::argmax(x, 1); }, i64);
+    t["argmin"] = reduce_handler(Data::Distinct, fn::argmin, [](const Tensor& x) { return opforge::argmin(x, 1); }, i64);
+    t["logsumexp"] = reduce_handler(Data::Normal, fn::logsumexp,
+                                    [](const Tensor& x) { return opforge::logsumexp(x, {1}); }, same, true);
+    t["var"] = reduce_handler(Data::Normal, [](const std::vector<double>& a) { return fn::var(a, 1); },
+                              [](const Tensor& x) { return opforge::var(x, {1}, false, 1); }, same);
+    t["softmax"] = softmax_handler(false);
+    t["log_softmax"] = softmax_handler(true);
+    t["layer_norm"] = check_layer_norm;
+    t["matmul"] = check_matmul;
+    t["gemm"] = check_gemm;
+    t["conv2d"] = check_conv2d;
+    t["max_pool2d"] = pool_handler(true);
+    t["avg_pool2d"] = pool_handler(false);
+    t["copy"] = check_copy;
+    t["gather"] = check_gather;
+    return t;
+  }();
+  return table;
+}
+
+// ---- what the DSL defines (dsl/opforge/ops/*.hpp), to check the registry against ----
+
+std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
+  std::map<std::string, std::set<std::string>> m;
+  auto keys = [](const std::vector<DType>& ts) {
+    std::set<std::string> s;
+    for (DType t : ts) s.insert(dname(t));
+    return s;
+  };
+  for (const EwSpec& s : ew_specs()) m[s.name] = keys(s.dtypes);
+  for (DType a : kAllTypes)
+    for (DType b : kAllTypes)
+      if (a != b) m["cast"].insert(dname(a) + "_to_" + dname(b));
+  for (const char* op : {"sum", "prod", "max", "min", "argmax", "argmin"}) m[op] = keys(kNumericTypes);
+  for (const char* op : {"mean", "logsumexp", "var", "softmax", "log_softmax", "layer_norm", "matmul", "gemm",
+                         "conv2d", "max_pool2d", "avg_pool2d"})
+    m[op] = keys(kFloatTypes);
+  m["copy"] = keys(kAllTypes);
+  m["gather"] = keys(kAllTypes);
+  return m;
+}
+
+TEST(Variants, EveryDslOpIsRegisteredWithItsDtypes) {
+  for (const auto& [name, keys] : dsl_dtype_keys()) {
+    SCOPED_TRACE(name);
+    const OpInfo* op = opforge::find_op(name);
+    ASSERT_NE(op, nullptr) << "the DSL defines " << name << " but the registry has no kernels for it";
+    auto got = op->dtype_keys();
+    EXPECT_EQ(std::set<std::string>(got.begin(), got.end()), keys);
+    for (const auto& [key, g] : op->groups) {
+      EXPECT_EQ(g.op, op);
+      EXPECT_EQ(g.dtype_key, key);
+      EXPECT_FALSE(g.variants.empty()) << key << " has no variants";
+      for (const auto& v : g.variants) {
+        ASSERT_NE(v.kernel, nullptr) << key << " " << v.name;
+        EXPECT_EQ(std::string(v.kernel->op), name);
+        EXPECT_EQ(std::string(v.kernel->dtype_key), key);
+        EXPECT_EQ(std::string(v.kernel->variant), v.name);
+        EXPECT_NE(v.kernel->argv, nullptr) << key << " " << v.name;
+      }
+    }
+  }
+}
+
+TEST(Variants, EveryRegisteredOpHasAVariantTest) {
+  auto ops = opforge::all_ops();
+  ASSERT_FALSE(ops.empty()) << "no kernels are registered";
+  int covered = 0;
+  for (const OpInfo* op : ops) {
+    if (is_test_op(op->name)) continue;
+    EXPECT_TRUE(handlers().count(op->name))
+        << "op '" << op->name << "' (family " << op->family
+        << ") has no variant test: add it to the table in tests/test_variants.cpp";
+    covered++;
+  }
+  EXPECT_GE(covered, int(dsl_dtype_keys().size()));
+}
+
+// ---- one test per (op, dtype, variant) ----
+
+struct VariantParam {
+  std::string op, dtype_key, variant;
+};
+void PrintTo(const VariantParam& p, std::ostream* os) { *os << p.op << "/" << p.dtype_key << "/" << p.variant; }
+
+std::vector<VariantParam> all_variant_params() {
+  std::vector<VariantParam> out;
+  for (const OpInfo* op : opforge::all_ops()) {
+    if (is_test_op(op->name)) continue;
+    for (const auto& [key, g] : op->groups)
+      for (const auto& v : g.variants) out.push_back({op->name, key, v.name});
+  }
+  return out;
+}
+
+std::string param_name(const ::testing::TestParamInfo<VariantParam>& i) {
+  std::string s = i.param.op + "_" + i.param.dtype_key + "_" + i.param.variant;
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+class VariantTest : public ::testing::TestWithParam<VariantParam> {};
+
+TEST_P(VariantTest, MatchesReference) {
+  const VariantParam& p = GetParam();
+  const OpInfo& op = opforge::op_info(p.op);
+  const KernelGroup& g = op.group(p.dtype_key);
+  auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) { return v.name == p.variant; });
+  ASSERT_NE(it, g.variants.end());
+  ASSERT_NE(it->kernel, nullptr);
+  auto h = handlers().find(p.op);
+  ASSERT_NE(h, handlers().end()) << "op '" << p.op << "' (family " << op.family
+                                 << ") has no variant test: add it to the table in tests/test_variants.cpp";
+  SCOPED_TRACE(what(g, *it));
+  h->second(g, *it);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, VariantTest, ::testing::ValuesIn(all_variant_params()), param_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(VariantTest);
+
+}  // namespace
