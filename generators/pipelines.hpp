@@ -21,14 +21,20 @@ struct Pipeline {
   Family family;
   DType in_dtype, out_dtype;
   int num_inputs = 0;
-  std::string attrs;  // the op's attribute spec
+  std::string attrs;      // the op's attribute spec
   int variant_flags = 0;  // family-specific: ReductionKind, WindowKind, MovementKind
   std::vector<ImageParam> inputs;
   std::vector<Halide::Param<double>> float_attrs;
   std::vector<Halide::Param<int32_t>> int_attrs;
   std::vector<Halide::Argument> args;  // in ABI order: inputs, attributes
-  Func out, acc;                       // acc: the accumulation of contraction and window ops
-  std::vector<Var> vars;               // out's pure vars, innermost first
+  Expr int_attr(const std::string& name) const {
+    for (const auto& a : int_attrs)
+      if (a.name() == name) return a;
+    throw std::runtime_error("pipeline " + op + " has no integer attribute " + name);
+  }
+  Func out, acc;          // acc: the accumulation of contraction and window ops
+  Func padded;            // window: the input with its zero border
+  std::vector<Var> vars;  // out's pure vars, innermost first
   // Sets estimates for an autoscheduler at the given size; returns the call extents below which
   // the resulting schedule may be invalid.
   std::function<std::vector<int64_t>(int64_t size)> set_estimates;
@@ -37,7 +43,7 @@ struct Pipeline {
 namespace detail {
 inline Attrs make_attrs(Pipeline& p, const char* spec, Type type) {
   Attrs a;
-  for (const auto& s : parse_attrs(spec)) {
+  for (const auto& s : parse_attr_spec(spec)) {
     a.names.push_back(s.name);
     if (s.integer) {
       p.int_attrs.emplace_back(s.name);
@@ -52,7 +58,8 @@ inline Attrs make_attrs(Pipeline& p, const char* spec, Type type) {
   return a;
 }
 
-inline ImageParam add_input(Pipeline& p, Type t, int dims, const std::string& name, bool any_stride) {
+inline ImageParam add_input(Pipeline& p, Type t, int dims, const std::string& name,
+                            bool any_stride) {
   ImageParam in(t, dims, name);
   if (any_stride) in.dim(0).set_stride(Expr());
   p.inputs.push_back(in);
@@ -72,6 +79,16 @@ inline std::vector<Halide::Range> ranges(const std::vector<int64_t>& extents) {
 }
 
 constexpr int kEwDims = 6;
+
+// Estimates of the 6-D strided kernels: `size` elements in the innermost dimension.
+inline std::vector<int64_t> estimate_6d(Pipeline& p, int64_t size) {
+  std::vector<int64_t> ext(kEwDims, 1);
+  ext[0] = size;
+  for (auto& in : p.inputs) in.set_estimates(ranges(ext));
+  p.out.set_estimates(ranges(ext));
+  estimate_attrs(p, 1);
+  return ext;
+}
 }  // namespace detail
 
 template <class T>
@@ -82,7 +99,7 @@ std::string dtype_str() {
 // ---- elementwise ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::elementwise &&
-                                                             requires { op.fn; }) {
+                                                           requires { op.fn; }) {
   Pipeline p;
   p.op = op.name;
   p.family = op.family;
@@ -105,14 +122,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   a.attr = detail::make_attrs(p, op.attrs, t);
   p.out = Func("out");
   p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
-  p.set_estimates = [p](int64_t size) mutable {
-    std::vector<int64_t> ext(detail::kEwDims, 1);
-    ext[0] = size;
-    for (auto& in : p.inputs) in.set_estimates(detail::ranges(ext));
-    p.out.set_estimates(detail::ranges(ext));
-    detail::estimate_attrs(p, 1);
-    return ext;
-  };
+  p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   return p;
 }
 
@@ -129,14 +139,9 @@ inline Pipeline build_cast(DType from, DType to) {
   auto in = detail::add_input(p, halide_type(from), detail::kEwDims, "in0", true);
   Expr v = in(p.vars);
   p.out = Func("out");
-  p.out(p.vars) = to == DType::Bool ? as_bool(v != Halide::cast(v.type(), 0)) : Halide::cast(halide_type(to), v);
-  p.set_estimates = [p](int64_t size) mutable {
-    std::vector<int64_t> ext(detail::kEwDims, 1);
-    ext[0] = size;
-    p.inputs[0].set_estimates(detail::ranges(ext));
-    p.out.set_estimates(detail::ranges(ext));
-    return ext;
-  };
+  p.out(p.vars) = to == DType::Bool ? as_bool(v != Halide::cast(v.type(), 0))
+                                    : Halide::cast(halide_type(to), v);
+  p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   return p;
 }
 
@@ -159,7 +164,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   a.o = Var("o");
   auto in = detail::add_input(p, t, 3, "in", true);
   a.in = Func(in);
-  for (int e = 0; e < op.extra_inputs; e++) a.extra.push_back(Func(detail::add_input(p, t, 1, "extra" + std::to_string(e), false)));
+  for (int e = 0; e < op.extra_inputs; e++)
+    a.extra.push_back(Func(detail::add_input(p, t, 1, "extra" + std::to_string(e), false)));
   a.n = in.dim(1).extent();
   a.r = Halide::RDom(0, a.n, "r");
   a.type = t;
@@ -214,7 +220,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   p.set_estimates = [p](int64_t size) mutable {
     p.inputs[0].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
     p.inputs[1].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
-    if (p.inputs.size() > 2) p.inputs[2].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    if (p.inputs.size() > 2)
+      p.inputs[2].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
     p.out.set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
     detail::estimate_attrs(p, 1);
     return std::vector<int64_t>{size, size, size, 1};
@@ -242,6 +249,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   a.n = Var("n");
   auto in = detail::add_input(p, t, 4, "in", false);
   a.in = Halide::BoundaryConditions::constant_exterior(in, Halide::cast(t, 0));
+  p.padded = a.in;
   a.in_w = in.dim(0).extent();
   a.in_h = in.dim(1).extent();
   a.in_c = in.dim(2).extent();
@@ -299,13 +307,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     auto in = detail::add_input(p, t, detail::kEwDims, "in", true);
     p.out(p.vars) = in(p.vars);
     p.out.output_buffer().dim(0).set_stride(Expr());
-    p.set_estimates = [p](int64_t size) mutable {
-      std::vector<int64_t> ext(detail::kEwDims, 1);
-      ext[0] = size;
-      p.inputs[0].set_estimates(detail::ranges(ext));
-      p.out.set_estimates(detail::ranges(ext));
-      return ext;
-    };
+    p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   } else {
     p.num_inputs = 2;
     Var i("i"), j("j"), o("o");

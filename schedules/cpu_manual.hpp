@@ -18,7 +18,9 @@ inline int vector_lanes(const Halide::Target& t, DType d) {
 }
 
 inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
-  int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype) == DType::Bool ? DType::Int32 : std::max(p.in_dtype, p.out_dtype));
+  int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype) == DType::Bool
+                              ? DType::Int32
+                              : std::max(p.in_dtype, p.out_dtype));
   Func& out = p.out;
   auto& x = p.vars;
   Halide::OutputImageParam ob = out.output_buffer();
@@ -46,7 +48,8 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   p.out.parallel(o);
 }
 
-inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::Target& t, bool small, bool packed) {
+inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::Target& t,
+                                               bool small, bool packed) {
   int v = vector_lanes(t, p.in_dtype);
   Var n = p.vars[0], m = p.vars[1], batch = p.vars[2];
   Halide::RVar r = p.acc.rvars(0)[0];
@@ -106,6 +109,15 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
   p.acc.compute_at(p.out, wo).vectorize(w).unroll(c);
   p.acc.update(0).reorder(w, c, r[0], r[1], r[2], h, n).vectorize(w).unroll(c);
+  // Materialise the zero-padded input once, so the inner loads are plain vector loads rather than
+  // per-lane clamped gathers.
+  std::vector<Var> pv = p.padded.args();
+  p.padded.compute_root().parallel(pv[3]).vectorize(pv[0], v, TailStrategy::GuardWithIf);
+  // Stride and dilation are runtime attributes; at 1 (the common case) the input loads along w
+  // are dense vectors instead of gathers and the input channel does not depend on the output
+  // channel.
+  p.acc.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
+                             p.int_attr("groups") == 1);
   return {v, 1, tc, 1};
 }
 
@@ -120,14 +132,23 @@ inline void manual_movement(gen::Pipeline& p, const Halide::Target& t) {
   p.out.parallel(p.vars[2]);
 }
 
-inline std::vector<int64_t> schedule_manual(gen::Pipeline& p, const Halide::Target& t, const std::string& variant) {
+inline std::vector<int64_t> schedule_manual(gen::Pipeline& p, const Halide::Target& t,
+                                            const std::string& variant) {
   bool small = variant == "manual_small", packed = variant == "manual_packed";
   switch (p.family) {
-    case dsl::Family::elementwise: manual_elementwise(p, t); break;
-    case dsl::Family::reduction: manual_reduction(p, t); break;
-    case dsl::Family::contraction: return manual_contraction(p, t, small, packed);
-    case dsl::Family::window: return manual_window(p, t, small);
-    case dsl::Family::movement: manual_movement(p, t); break;
+    case dsl::Family::elementwise:
+      manual_elementwise(p, t);
+      break;
+    case dsl::Family::reduction:
+      manual_reduction(p, t);
+      break;
+    case dsl::Family::contraction:
+      return manual_contraction(p, t, small, packed);
+    case dsl::Family::window:
+      return manual_window(p, t, small);
+    case dsl::Family::movement:
+      manual_movement(p, t);
+      break;
   }
   return {};
 }

@@ -26,8 +26,12 @@ inline std::vector<Variant> variants_for(dsl::Family f) {
   };
   switch (f) {
     case Family::elementwise:
-    case Family::movement: both(1 << 14, ""); break;
-    case Family::reduction: both(64, ""); break;
+    case Family::movement:
+      both(1 << 14, "");
+      break;
+    case Family::reduction:
+      both(64, "");
+      break;
     case Family::contraction:
       v.push_back({"manual_packed", Scheduler::manual});
       v.push_back({"manual_small", Scheduler::manual});

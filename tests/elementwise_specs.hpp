@@ -41,8 +41,9 @@ inline const std::vector<EwSpec>& ew_specs() {
   using T = const std::vector<Tensor>&;
   static const std::vector<EwSpec> specs = [] {
     std::vector<EwSpec> s;
-    auto unary = [&](std::string name, std::vector<DType> dts, Data d, std::function<double(double)> f,
-                     std::function<Tensor(const Tensor&)> call, bool trans = false) {
+    auto unary = [&](std::string name, std::vector<DType> dts, Data d,
+                     std::function<double(double)> f, std::function<Tensor(const Tensor&)> call,
+                     bool trans = false) {
       EwSpec e;
       e.name = std::move(name);
       e.arity = 1;
@@ -54,44 +55,95 @@ inline const std::vector<EwSpec>& ew_specs() {
       s.push_back(std::move(e));
     };
     // ---- unary ----
-    unary("neg", kNumericTypes, Data::Normal, [](double x) { return -x; }, [](const Tensor& x) { return opforge::neg(x); });
-    unary("abs", kNumericTypes, Data::Normal, [](double x) { return std::fabs(x); }, [](const Tensor& x) { return opforge::abs(x); });
-    unary("exp", kFloatTypes, Data::Normal, [](double x) { return std::exp(x); }, [](const Tensor& x) { return opforge::exp(x); }, true);
-    unary("log", kFloatTypes, Data::Positive, [](double x) { return std::log(x); }, [](const Tensor& x) { return opforge::log(x); }, true);
-    unary("log1p", kFloatTypes, Data::AboveMinusOne, [](double x) { return std::log1p(x); }, [](const Tensor& x) { return opforge::log1p(x); }, true);
-    unary("expm1", kFloatTypes, Data::Normal, [](double x) { return std::expm1(x); }, [](const Tensor& x) { return opforge::expm1(x); }, true);
-    unary("sqrt", kFloatTypes, Data::Positive, [](double x) { return std::sqrt(x); }, [](const Tensor& x) { return opforge::sqrt(x); });
-    unary("rsqrt", kFloatTypes, Data::Positive, [](double x) { return 1 / std::sqrt(x); }, [](const Tensor& x) { return opforge::rsqrt(x); });
-    unary("reciprocal", kFloatTypes, Data::NonZero, [](double x) { return 1 / x; }, [](const Tensor& x) { return opforge::reciprocal(x); });
-    unary("sin", kFloatTypes, Data::Normal, [](double x) { return std::sin(x); }, [](const Tensor& x) { return opforge::sin(x); }, true);
-    unary("cos", kFloatTypes, Data::Normal, [](double x) { return std::cos(x); }, [](const Tensor& x) { return opforge::cos(x); }, true);
-    unary("tanh", kFloatTypes, Data::Normal, [](double x) { return std::tanh(x); }, [](const Tensor& x) { return opforge::tanh(x); }, true);
-    unary("sigmoid", kFloatTypes, Data::Normal, [](double x) { return 1 / (1 + std::exp(-x)); }, [](const Tensor& x) { return opforge::sigmoid(x); }, true);
-    unary("relu", kNumericTypes, Data::Normal, [](double x) { return x < 0 ? 0.0 : x; }, [](const Tensor& x) { return opforge::relu(x); });
-    unary("leaky_relu", kFloatTypes, Data::Normal, [](double x) { return x < 0 ? kLeakyAlpha * x : x; },
-          [](const Tensor& x) { return opforge::leaky_relu(x, kLeakyAlpha); });
-    unary("elu", kFloatTypes, Data::Normal, [](double x) { return x < 0 ? kEluAlpha * std::expm1(x) : x; },
-          [](const Tensor& x) { return opforge::elu(x, kEluAlpha); }, true);
-    unary("gelu", kFloatTypes, Data::Normal, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
-          [](const Tensor& x) { return opforge::gelu(x); }, true);
-    unary("softplus", kFloatTypes, Data::Normal, [](double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::fabs(x))); },
-          [](const Tensor& x) { return opforge::softplus(x); }, true);
-    unary("erf", kFloatTypes, Data::Normal, [](double x) { return std::erf(x); }, [](const Tensor& x) { return opforge::erf(x); }, true);
-    unary("floor", kFloatTypes, Data::Quantized, [](double x) { return std::floor(x); }, [](const Tensor& x) { return opforge::floor(x); });
-    unary("ceil", kFloatTypes, Data::Quantized, [](double x) { return std::ceil(x); }, [](const Tensor& x) { return opforge::ceil(x); });
+    unary(
+        "neg", kNumericTypes, Data::Normal, [](double x) { return -x; },
+        [](const Tensor& x) { return opforge::neg(x); });
+    unary(
+        "abs", kNumericTypes, Data::Normal, [](double x) { return std::fabs(x); },
+        [](const Tensor& x) { return opforge::abs(x); });
+    unary(
+        "exp", kFloatTypes, Data::Normal, [](double x) { return std::exp(x); },
+        [](const Tensor& x) { return opforge::exp(x); }, true);
+    unary(
+        "log", kFloatTypes, Data::Positive, [](double x) { return std::log(x); },
+        [](const Tensor& x) { return opforge::log(x); }, true);
+    unary(
+        "log1p", kFloatTypes, Data::AboveMinusOne, [](double x) { return std::log1p(x); },
+        [](const Tensor& x) { return opforge::log1p(x); }, true);
+    unary(
+        "expm1", kFloatTypes, Data::Normal, [](double x) { return std::expm1(x); },
+        [](const Tensor& x) { return opforge::expm1(x); }, true);
+    unary(
+        "sqrt", kFloatTypes, Data::Positive, [](double x) { return std::sqrt(x); },
+        [](const Tensor& x) { return opforge::sqrt(x); });
+    unary(
+        "rsqrt", kFloatTypes, Data::Positive, [](double x) { return 1 / std::sqrt(x); },
+        [](const Tensor& x) { return opforge::rsqrt(x); });
+    unary(
+        "reciprocal", kFloatTypes, Data::NonZero, [](double x) { return 1 / x; },
+        [](const Tensor& x) { return opforge::reciprocal(x); });
+    unary(
+        "sin", kFloatTypes, Data::Normal, [](double x) { return std::sin(x); },
+        [](const Tensor& x) { return opforge::sin(x); }, true);
+    unary(
+        "cos", kFloatTypes, Data::Normal, [](double x) { return std::cos(x); },
+        [](const Tensor& x) { return opforge::cos(x); }, true);
+    unary(
+        "tanh", kFloatTypes, Data::Normal, [](double x) { return std::tanh(x); },
+        [](const Tensor& x) { return opforge::tanh(x); }, true);
+    unary(
+        "sigmoid", kFloatTypes, Data::Normal, [](double x) { return 1 / (1 + std::exp(-x)); },
+        [](const Tensor& x) { return opforge::sigmoid(x); }, true);
+    unary(
+        "relu", kNumericTypes, Data::Normal, [](double x) { return x < 0 ? 0.0 : x; },
+        [](const Tensor& x) { return opforge::relu(x); });
+    unary(
+        "leaky_relu", kFloatTypes, Data::Normal,
+        [](double x) { return x < 0 ? kLeakyAlpha * x : x; },
+        [](const Tensor& x) { return opforge::leaky_relu(x, kLeakyAlpha); });
+    unary(
+        "elu", kFloatTypes, Data::Normal,
+        [](double x) { return x < 0 ? kEluAlpha * std::expm1(x) : x; },
+        [](const Tensor& x) { return opforge::elu(x, kEluAlpha); }, true);
+    unary(
+        "gelu", kFloatTypes, Data::Normal,
+        [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
+        [](const Tensor& x) { return opforge::gelu(x); }, true);
+    unary(
+        "softplus", kFloatTypes, Data::Normal,
+        [](double x) { return std::max(x, 0.0) + std::log1p(std::exp(-std::fabs(x))); },
+        [](const Tensor& x) { return opforge::softplus(x); }, true);
+    unary(
+        "erf", kFloatTypes, Data::Normal, [](double x) { return std::erf(x); },
+        [](const Tensor& x) { return opforge::erf(x); }, true);
+    unary(
+        "floor", kFloatTypes, Data::Quantized, [](double x) { return std::floor(x); },
+        [](const Tensor& x) { return opforge::floor(x); });
+    unary(
+        "ceil", kFloatTypes, Data::Quantized, [](double x) { return std::ceil(x); },
+        [](const Tensor& x) { return opforge::ceil(x); });
     // half to even, like std::nearbyint in the default rounding mode
-    unary("round", kFloatTypes, Data::Quantized, [](double x) { return std::nearbyint(x); }, [](const Tensor& x) { return opforge::round(x); });
-    unary("sign", kNumericTypes, Data::Quantized, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; },
-          [](const Tensor& x) { return opforge::sign(x); });
-    unary("logical_not", kBoolTypes, Data::Bool, [](double x) { return x != 0 ? 0.0 : 1.0; },
-          [](const Tensor& x) { return opforge::logical_not(x); });
+    unary(
+        "round", kFloatTypes, Data::Quantized, [](double x) { return std::nearbyint(x); },
+        [](const Tensor& x) { return opforge::round(x); });
+    unary(
+        "sign", kNumericTypes, Data::Quantized,
+        [](double x) { return x > 0   ? 1.0
+                              : x < 0 ? -1.0
+                                      : x; },
+        [](const Tensor& x) { return opforge::sign(x); });
+    unary(
+        "logical_not", kBoolTypes, Data::Bool, [](double x) { return x != 0 ? 0.0 : 1.0; },
+        [](const Tensor& x) { return opforge::logical_not(x); });
     {
       EwSpec e;
       e.name = "clip";
       e.dtypes = kNumericTypes;
       e.data = {Data::Normal};
       e.fn = [](V v, DType t) { return std::min(std::max(v[0], clip_lo(t)), clip_hi(t)); };
-      e.call = [](T in) { return opforge::clip(in[0], clip_lo(in[0].dtype()), clip_hi(in[0].dtype())); };
+      e.call = [](T in) {
+        return opforge::clip(in[0], clip_lo(in[0].dtype()), clip_hi(in[0].dtype()));
+      };
       s.push_back(std::move(e));
     }
 
@@ -99,8 +151,9 @@ inline const std::vector<EwSpec>& ew_specs() {
     using BinCall = Tensor (*)(const Tensor&, const Tensor&);
     using ScalarCall = Tensor (*)(const Tensor&, double);
     auto binary = [&](std::string name, std::vector<DType> dts, Data d0, Data d1,
-                      std::function<double(double, double, DType)> f, BinCall call, ScalarCall scall,
-                      std::function<double(DType)> scalar, bool compare = false, bool trans = false) {
+                      std::function<double(double, double, DType)> f, BinCall call,
+                      ScalarCall scall, std::function<double(DType)> scalar, bool compare = false,
+                      bool trans = false) {
       EwSpec e;
       e.name = std::move(name);
       e.arity = 2;
@@ -116,44 +169,81 @@ inline const std::vector<EwSpec>& ew_specs() {
       }
       s.push_back(std::move(e));
     };
-    auto fl_or_int = [](double f, double i) { return [f, i](DType t) { return opforge::is_floating(t) ? f : i; }; };
-    binary("pow", kFloatTypes, Data::Positive, Data::Normal, [](double a, double b, DType) { return std::pow(a, b); },
-           opforge::pow, opforge::pow, fl_or_int(2.5, 2), false, true);
-    binary("add", kNumericTypes, Data::Normal, Data::Normal, [](double a, double b, DType) { return a + b; },
-           opforge::add, opforge::add, fl_or_int(2.5, 3));
-    binary("sub", kNumericTypes, Data::Normal, Data::Normal, [](double a, double b, DType) { return a - b; },
-           opforge::sub, opforge::sub, fl_or_int(-1.25, -4));
-    binary("mul", kNumericTypes, Data::Normal, Data::Normal, [](double a, double b, DType) { return a * b; },
-           opforge::mul, opforge::mul, fl_or_int(1.5, -3));
+    auto fl_or_int = [](double f, double i) {
+      return [f, i](DType t) { return opforge::is_floating(t) ? f : i; };
+    };
+    binary(
+        "pow", kFloatTypes, Data::Positive, Data::Normal,
+        [](double a, double b, DType) { return std::pow(a, b); }, opforge::pow, opforge::pow,
+        fl_or_int(2.5, 2), false, true);
+    binary(
+        "add", kNumericTypes, Data::Normal, Data::Normal,
+        [](double a, double b, DType) { return a + b; }, opforge::add, opforge::add,
+        fl_or_int(2.5, 3));
+    binary(
+        "sub", kNumericTypes, Data::Normal, Data::Normal,
+        [](double a, double b, DType) { return a - b; }, opforge::sub, opforge::sub,
+        fl_or_int(-1.25, -4));
+    binary(
+        "mul", kNumericTypes, Data::Normal, Data::Normal,
+        [](double a, double b, DType) { return a * b; }, opforge::mul, opforge::mul,
+        fl_or_int(1.5, -3));
     // floats: true division; ints: floor division (Python //), negative divisors included
-    binary("div", kNumericTypes, Data::Normal, Data::NonZero,
-           [](double a, double b, DType t) { return opforge::is_floating(t) ? a / b : floor_div(a, b); },
-           opforge::div, opforge::div, fl_or_int(1.75, 3));
-    binary("maximum", kNumericTypes, Data::Normal, Data::Normal, [](double a, double b, DType) { return nan_max(a, b); },
-           opforge::maximum, opforge::maximum, fl_or_int(0.5, 1));
-    binary("minimum", kNumericTypes, Data::Normal, Data::Normal, [](double a, double b, DType) { return nan_min(a, b); },
-           opforge::minimum, opforge::minimum, fl_or_int(0.5, 1));
+    binary(
+        "div", kNumericTypes, Data::Normal, Data::NonZero,
+        [](double a, double b, DType t) {
+          return opforge::is_floating(t) ? a / b : floor_div(a, b);
+        },
+        opforge::div, opforge::div, fl_or_int(1.75, 3));
+    binary(
+        "maximum", kNumericTypes, Data::Normal, Data::Normal,
+        [](double a, double b, DType) { return nan_max(a, b); }, opforge::maximum, opforge::maximum,
+        fl_or_int(0.5, 1));
+    binary(
+        "minimum", kNumericTypes, Data::Normal, Data::Normal,
+        [](double a, double b, DType) { return nan_min(a, b); }, opforge::minimum, opforge::minimum,
+        fl_or_int(0.5, 1));
     // Python modulo: the result takes the divisor's sign
-    binary("mod", kNumericTypes, Data::Normal, Data::NonZero, [](double a, double b, DType) { return py_mod(a, b); },
-           opforge::mod, opforge::mod, fl_or_int(1.75, 3));
-    binary("eq", kAllTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a == b); },
-           opforge::eq, opforge::eq, fl_or_int(1, 1), true);
-    binary("ne", kAllTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a != b); },
-           opforge::ne, opforge::ne, fl_or_int(1, 1), true);
-    binary("lt", kNumericTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a < b); },
-           opforge::lt, opforge::lt, fl_or_int(1, 1), true);
-    binary("le", kNumericTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a <= b); },
-           opforge::le, opforge::le, fl_or_int(1, 1), true);
-    binary("gt", kNumericTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a > b); },
-           opforge::gt, opforge::gt, fl_or_int(1, 1), true);
-    binary("ge", kNumericTypes, Data::SmallInt, Data::SmallInt, [](double a, double b, DType) { return double(a >= b); },
-           opforge::ge, opforge::ge, fl_or_int(1, 1), true);
-    binary("logical_and", kBoolTypes, Data::Bool, Data::Bool,
-           [](double a, double b, DType) { return double(a != 0 && b != 0); }, opforge::logical_and, nullptr, nullptr);
-    binary("logical_or", kBoolTypes, Data::Bool, Data::Bool,
-           [](double a, double b, DType) { return double(a != 0 || b != 0); }, opforge::logical_or, nullptr, nullptr);
-    binary("logical_xor", kBoolTypes, Data::Bool, Data::Bool,
-           [](double a, double b, DType) { return double((a != 0) != (b != 0)); }, opforge::logical_xor, nullptr, nullptr);
+    binary(
+        "mod", kNumericTypes, Data::Normal, Data::NonZero,
+        [](double a, double b, DType) { return py_mod(a, b); }, opforge::mod, opforge::mod,
+        fl_or_int(1.75, 3));
+    binary(
+        "eq", kAllTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a == b); }, opforge::eq, opforge::eq,
+        fl_or_int(1, 1), true);
+    binary(
+        "ne", kAllTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a != b); }, opforge::ne, opforge::ne,
+        fl_or_int(1, 1), true);
+    binary(
+        "lt", kNumericTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a < b); }, opforge::lt, opforge::lt,
+        fl_or_int(1, 1), true);
+    binary(
+        "le", kNumericTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a <= b); }, opforge::le, opforge::le,
+        fl_or_int(1, 1), true);
+    binary(
+        "gt", kNumericTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a > b); }, opforge::gt, opforge::gt,
+        fl_or_int(1, 1), true);
+    binary(
+        "ge", kNumericTypes, Data::SmallInt, Data::SmallInt,
+        [](double a, double b, DType) { return double(a >= b); }, opforge::ge, opforge::ge,
+        fl_or_int(1, 1), true);
+    binary(
+        "logical_and", kBoolTypes, Data::Bool, Data::Bool,
+        [](double a, double b, DType) { return double(a != 0 && b != 0); }, opforge::logical_and,
+        nullptr, nullptr);
+    binary(
+        "logical_or", kBoolTypes, Data::Bool, Data::Bool,
+        [](double a, double b, DType) { return double(a != 0 || b != 0); }, opforge::logical_or,
+        nullptr, nullptr);
+    binary(
+        "logical_xor", kBoolTypes, Data::Bool, Data::Bool,
+        [](double a, double b, DType) { return double((a != 0) != (b != 0)); },
+        opforge::logical_xor, nullptr, nullptr);
 
     // ---- ternary ----
     {

@@ -27,9 +27,10 @@ using opforge::Tensor;
 inline constexpr DType kFloats[] = {DType::Float32, DType::Float64};
 inline const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64};
 inline const std::vector<DType> kIntTypes = {DType::Int32, DType::Int64};
-inline const std::vector<DType> kNumericTypes = {DType::Int32, DType::Int64, DType::Float32, DType::Float64};
-inline const std::vector<DType> kAllTypes = {DType::Bool, DType::Int32, DType::Int64, DType::Float32,
-                                             DType::Float64};
+inline const std::vector<DType> kNumericTypes = {DType::Int32, DType::Int64, DType::Float32,
+                                                 DType::Float64};
+inline const std::vector<DType> kAllTypes = {DType::Bool, DType::Int32, DType::Int64,
+                                             DType::Float32, DType::Float64};
 inline const std::vector<DType> kBoolTypes = {DType::Bool};
 
 inline std::string sstr(const Shape& s) {
@@ -93,27 +94,36 @@ inline Tol exact() { return {0, 0}; }
 // Plain arithmetic (one or two roundings in the result type).
 inline Tol tol_for(DType t) {
   switch (t) {
-    case DType::Float32: return {1e-5, 1e-5};
-    case DType::Float64: return {1e-10, 1e-10};
-    default: return exact();
+    case DType::Float32:
+      return {1e-5, 1e-5};
+    case DType::Float64:
+      return {1e-10, 1e-10};
+    default:
+      return exact();
   }
 }
 // Transcendental functions (exp, log, erf, pow, ...): float32 kernels may use polynomial
 // approximations a few ulp off.
 inline Tol transcendental_tol(DType t) {
   switch (t) {
-    case DType::Float32: return {1e-4, 1e-4};
-    case DType::Float64: return {1e-10, 1e-10};
-    default: return exact();
+    case DType::Float32:
+      return {1e-4, 1e-4};
+    case DType::Float64:
+      return {1e-10, 1e-10};
+    default:
+      return exact();
   }
 }
 // Accumulations over k terms (reductions, matmul, conv): rounding error grows like sqrt(k).
 inline Tol accum_tol(DType t, int64_t k) {
   double s = std::sqrt(double(std::max<int64_t>(k, 1)));
   switch (t) {
-    case DType::Float32: return {std::max(2e-5 * s, 1e-5), std::max(2e-5 * s, 1e-5)};
-    case DType::Float64: return {1e-10 * s, 1e-10 * s};
-    default: return exact();
+    case DType::Float32:
+      return {std::max(2e-5 * s, 1e-5), std::max(2e-5 * s, 1e-5)};
+    case DType::Float64:
+      return {1e-10 * s, 1e-10 * s};
+    default:
+      return exact();
   }
 }
 inline Tol loosest(Tol a, Tol b) { return {std::max(a.rtol, b.rtol), std::max(a.atol, b.atol)}; }
@@ -132,16 +142,18 @@ inline ::testing::AssertionResult all_close(const Tensor& got, const std::vector
                                             const Shape& want_shape, DType want_dtype, Tol tol) {
   if (!got.defined()) return ::testing::AssertionFailure() << "the result tensor is undefined";
   if (got.dtype() != want_dtype)
-    return ::testing::AssertionFailure() << "dtype is " << dname(got.dtype()) << ", expected " << dname(want_dtype);
+    return ::testing::AssertionFailure()
+           << "dtype is " << dname(got.dtype()) << ", expected " << dname(want_dtype);
   if (got.shape() != want_shape)
-    return ::testing::AssertionFailure() << "shape is " << sstr(got.shape()) << ", expected " << sstr(want_shape);
+    return ::testing::AssertionFailure()
+           << "shape is " << sstr(got.shape()) << ", expected " << sstr(want_shape);
   if (int64_t(want.size()) != numel(want_shape))
-    return ::testing::AssertionFailure() << "reference bug: " << want.size() << " expected values for shape "
-                                         << sstr(want_shape);
+    return ::testing::AssertionFailure()
+           << "reference bug: " << want.size() << " expected values for shape " << sstr(want_shape);
   std::vector<double> g = got.to_double_vector();
   if (g.size() != want.size())
-    return ::testing::AssertionFailure() << "to_double_vector() returned " << g.size() << " values for shape "
-                                         << sstr(got.shape());
+    return ::testing::AssertionFailure() << "to_double_vector() returned " << g.size()
+                                         << " values for shape " << sstr(got.shape());
   size_t bad = 0;
   double worst = 0;
   std::ostringstream os;
@@ -158,21 +170,23 @@ inline ::testing::AssertionResult all_close(const Tensor& got, const std::vector
       os.precision(17);
       os << "]: got " << g[i] << ", expected " << want[i];
     }
-    if (!std::isnan(g[i]) && !std::isnan(want[i])) worst = std::max(worst, std::fabs(g[i] - want[i]));
+    if (!std::isnan(g[i]) && !std::isnan(want[i]))
+      worst = std::max(worst, std::fabs(g[i] - want[i]));
     bad++;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << g.size() << " values differ (dtype "
-                                       << dname(want_dtype) << ", shape " << sstr(want_shape) << ", rtol "
-                                       << tol.rtol << ", atol " << tol.atol << ", largest difference " << worst
-                                       << "):" << os.str();
+  return ::testing::AssertionFailure()
+         << bad << " of " << g.size() << " values differ (dtype " << dname(want_dtype) << ", shape "
+         << sstr(want_shape) << ", rtol " << tol.rtol << ", atol " << tol.atol
+         << ", largest difference " << worst << "):" << os.str();
 }
 
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Shape& want_shape, DType dtype,
-                         Tol tol) {
+inline void expect_close(const Tensor& got, const std::vector<double>& want,
+                         const Shape& want_shape, DType dtype, Tol tol) {
   EXPECT_TRUE(all_close(got, want, want_shape, dtype, tol));
 }
-inline void expect_close(const Tensor& got, const std::vector<double>& want, const Shape& want_shape, DType dtype) {
+inline void expect_close(const Tensor& got, const std::vector<double>& want,
+                         const Shape& want_shape, DType dtype) {
   expect_close(got, want, want_shape, dtype, tol_for(dtype));
 }
 inline void expect_close(const Tensor& got, const Expected& want, DType dtype, Tol tol) {
@@ -189,7 +203,8 @@ inline void expect_close(const Tensor& got, const Expected& want, DType dtype) {
 // Builds a contiguous tensor of any dtype from doubles (bool: nonzero is true; ints: truncated).
 inline Tensor make(const std::vector<double>& v, const Shape& shape, DType t) {
   if (int64_t(v.size()) != numel(shape))
-    throw std::invalid_argument("ref::make: " + std::to_string(v.size()) + " values for shape " + sstr(shape));
+    throw std::invalid_argument("ref::make: " + std::to_string(v.size()) + " values for shape " +
+                                sstr(shape));
   Tensor out = Tensor::empty(shape, t);
   size_t n = v.size();
   switch (t) {
@@ -217,7 +232,9 @@ inline Tensor make(const std::vector<double>& v, const Shape& shape, DType t) {
       out.copy_from_host(b.data(), n * 4);
       break;
     }
-    case DType::Float64: out.copy_from_host(v.data(), n * 8); break;
+    case DType::Float64:
+      out.copy_from_host(v.data(), n * 8);
+      break;
   }
   return out;
 }
@@ -225,16 +242,17 @@ inline Tensor make(const std::vector<double>& v, const Shape& shape, DType t) {
 // Kinds of random data. Floating data come from Tensor::rand / Tensor::randn with a fixed
 // Generator; integer and bool data are derived from the same draws. None is all zeros.
 enum class Data {
-  Normal,        // floats: 2 * N(0,1); ints: uniform in [-50, 50]
-  Positive,      // floats: U(0,1) + 0.1; ints: [1, 50]   (log, sqrt, pow bases)
-  AboveMinusOne, // floats: 3 * U(0,1) - 0.9              (log1p)
-  NonZero,       // floats: +-(U(0,1) + 0.5); ints: +-[1, 9]  (divisors)
-  Quantized,     // floats: multiples of 0.25 incl. 0 and halves (floor/ceil/round/sign); ints: round(3 N)
-  SmallInt,      // integer values in [-3, 3] in every dtype (comparisons hit equality)
-  Unit,          // floats: U(0,1); ints: [0, 9]
-  NearOne,       // floats: 0.9 + 0.2 U(0,1); ints: +-1      (products over long axes)
-  Distinct,      // all values different (argmax/argmin without ties)
-  Bool,          // random true/false
+  Normal,         // floats: 2 * N(0,1); ints: uniform in [-50, 50]
+  Positive,       // floats: U(0,1) + 0.1; ints: [1, 50]   (log, sqrt, pow bases)
+  AboveMinusOne,  // floats: 3 * U(0,1) - 0.9              (log1p)
+  NonZero,        // floats: +-(U(0,1) + 0.5); ints: +-[1, 9]  (divisors)
+  Quantized,  // floats: multiples of 0.25 incl. 0 and halves (floor/ceil/round/sign); ints: round(3
+              // N)
+  SmallInt,   // integer values in [-3, 3] in every dtype (comparisons hit equality)
+  Unit,       // floats: U(0,1); ints: [0, 9]
+  NearOne,    // floats: 0.9 + 0.2 U(0,1); ints: +-1      (products over long axes)
+  Distinct,   // all values different (argmax/argmin without ties)
+  Bool,       // random true/false
 };
 
 inline std::vector<double> random_values(int64_t n, DType t, Data d, uint64_t seed) {
@@ -249,22 +267,42 @@ inline std::vector<double> random_values(int64_t n, DType t, Data d, uint64_t se
     std::vector<size_t> order(static_cast<size_t>(n));
     std::iota(order.begin(), order.end(), size_t(0));
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return u[a] < u[b]; });
-    for (size_t i = 0; i < size_t(n); i++) out[order[i]] = double(int64_t(i) - n / 2) * (fl ? 0.5 : 1.0);
+    for (size_t i = 0; i < size_t(n); i++)
+      out[order[i]] = double(int64_t(i) - n / 2) * (fl ? 0.5 : 1.0);
     return out;
   }
   for (size_t i = 0; i < size_t(n); i++) {
     double x = 0;
     switch (d) {
-      case Data::Normal: x = fl ? 2 * z[i] : std::floor(u[i] * 101) - 50; break;
-      case Data::Positive: x = fl ? u[i] + 0.1 : std::floor(u[i] * 50) + 1; break;
-      case Data::AboveMinusOne: x = fl ? 3 * u[i] - 0.9 : std::floor(u[i] * 10); break;
-      case Data::NonZero: x = (z[i] < 0 ? -1 : 1) * (fl ? u[i] + 0.5 : std::floor(u[i] * 9) + 1); break;
-      case Data::Quantized: x = fl ? std::round(z[i] * 8) / 4 : std::round(z[i] * 3); break;
-      case Data::SmallInt: x = std::clamp(std::round(z[i] * 1.5), -3.0, 3.0); break;
-      case Data::Unit: x = fl ? u[i] : std::floor(u[i] * 10); break;
-      case Data::NearOne: x = fl ? 0.9 + 0.2 * u[i] : (z[i] < 0 ? -1 : 1); break;
-      case Data::Bool: x = u[i] < 0.5 ? 1 : 0; break;
-      case Data::Distinct: break;
+      case Data::Normal:
+        x = fl ? 2 * z[i] : std::floor(u[i] * 101) - 50;
+        break;
+      case Data::Positive:
+        x = fl ? u[i] + 0.1 : std::floor(u[i] * 50) + 1;
+        break;
+      case Data::AboveMinusOne:
+        x = fl ? 3 * u[i] - 0.9 : std::floor(u[i] * 10);
+        break;
+      case Data::NonZero:
+        x = (z[i] < 0 ? -1 : 1) * (fl ? u[i] + 0.5 : std::floor(u[i] * 9) + 1);
+        break;
+      case Data::Quantized:
+        x = fl ? std::round(z[i] * 8) / 4 : std::round(z[i] * 3);
+        break;
+      case Data::SmallInt:
+        x = std::clamp(std::round(z[i] * 1.5), -3.0, 3.0);
+        break;
+      case Data::Unit:
+        x = fl ? u[i] : std::floor(u[i] * 10);
+        break;
+      case Data::NearOne:
+        x = fl ? 0.9 + 0.2 * u[i] : (z[i] < 0 ? -1 : 1);
+        break;
+      case Data::Bool:
+        x = u[i] < 0.5 ? 1 : 0;
+        break;
+      case Data::Distinct:
+        break;
     }
     out[i] = x;
   }
@@ -323,7 +361,8 @@ inline Expected broadcast_eval(const std::vector<Dense>& in, const ScalarFn& fn)
   for (size_t k = 0; k < in.size(); k++) {
     Shape st = dense_strides(in[k].shape);
     size_t lead = rank - in[k].shape.size();
-    for (size_t i = 0; i < in[k].shape.size(); i++) bst[k][lead + i] = in[k].shape[i] == 1 ? 0 : st[i];
+    for (size_t i = 0; i < in[k].shape.size(); i++)
+      bst[k][lead + i] = in[k].shape[i] == 1 ? 0 : st[i];
   }
   Expected e;
   e.shape = out_shape;
@@ -359,17 +398,25 @@ inline double py_mod(double a, double b) {
   return r;
 }
 // NaN-propagating maximum/minimum.
-inline double nan_max(double a, double b) { return std::isnan(a) ? a : std::isnan(b) ? b : std::max(a, b); }
-inline double nan_min(double a, double b) { return std::isnan(a) ? a : std::isnan(b) ? b : std::min(a, b); }
+inline double nan_max(double a, double b) {
+  return std::isnan(a) ? a : std::isnan(b) ? b : std::max(a, b);
+}
+inline double nan_min(double a, double b) {
+  return std::isnan(a) ? a : std::isnan(b) ? b : std::min(a, b);
+}
 
 // Value of a cast of v to t, as C would do it for in-range values (bool: nonzero is true).
 inline double cast_value(double v, DType t) {
   switch (t) {
-    case DType::Bool: return v != 0 ? 1 : 0;
+    case DType::Bool:
+      return v != 0 ? 1 : 0;
     case DType::Int32:
-    case DType::Int64: return std::trunc(v);
-    case DType::Float32: return double(float(v));
-    case DType::Float64: return v;
+    case DType::Int64:
+      return std::trunc(v);
+    case DType::Float32:
+      return double(float(v));
+    case DType::Float64:
+      return v;
   }
   return v;
 }
@@ -394,7 +441,8 @@ using ReduceFn = std::function<double(const std::vector<double>&)>;
 
 // Reduces x over `axes` (empty: all). fn receives the reduced elements in row-major order of the
 // reduced axes, so an index into its argument is the flat index into the reduced block.
-inline Expected reduce(const Dense& x, const std::vector<int>& axes_in, bool keepdims, const ReduceFn& fn) {
+inline Expected reduce(const Dense& x, const std::vector<int>& axes_in, bool keepdims,
+                       const ReduceFn& fn) {
   int rank = int(x.shape.size());
   std::vector<int> axes = norm_axes(axes_in, rank);
   std::vector<bool> red(size_t(rank), false);
@@ -551,7 +599,8 @@ inline Expected matmul(const Dense& a_in, const Dense& b_in) {
   if (a1) a.shape = {1, a.shape[0]};
   if (b1) b.shape = {b.shape[0], 1};
   int64_t M = a.shape[a.shape.size() - 2], K = a.shape.back(), N = b.shape.back();
-  if (b.shape[b.shape.size() - 2] != K) throw std::invalid_argument("ref::matmul: inner dims differ");
+  if (b.shape[b.shape.size() - 2] != K)
+    throw std::invalid_argument("ref::matmul: inner dims differ");
   Shape ab(a.shape.begin(), a.shape.end() - 2), bb(b.shape.begin(), b.shape.end() - 2);
   Shape batch = broadcast_shapes({ab, bb});
   int64_t nb = numel(batch);
@@ -601,13 +650,14 @@ inline Dense transpose2d(const Dense& a) {
 }
 
 // alpha * op(A) op(B) + beta * C, C (optional) broadcast to (M, N).
-inline Expected gemm(const Dense& a, const Dense& b, const std::optional<Dense>& c, double alpha, double beta,
-                     bool trans_a, bool trans_b) {
+inline Expected gemm(const Dense& a, const Dense& b, const std::optional<Dense>& c, double alpha,
+                     double beta, bool trans_a, bool trans_b) {
   Expected p = matmul(trans_a ? transpose2d(a) : a, trans_b ? transpose2d(b) : b);
   if (c) {
     Expected cb = broadcast_eval({Dense{std::vector<double>(p.values.size(), 0.0), p.shape}, *c},
                                  [](const std::vector<double>& v) { return v[1]; });
-    for (size_t i = 0; i < p.values.size(); i++) p.values[i] = alpha * p.values[i] + beta * cb.values[i];
+    for (size_t i = 0; i < p.values.size(); i++)
+      p.values[i] = alpha * p.values[i] + beta * cb.values[i];
   } else {
     for (auto& v : p.values) v *= alpha;
   }
@@ -623,7 +673,8 @@ struct ConvParams {
 };
 
 // x: (N, C, H, W); w: (Cout, C / groups, KH, KW); bias: Cout values or empty.
-inline Expected conv2d(const Dense& x, const Dense& w, const std::vector<double>& bias, const ConvParams& p) {
+inline Expected conv2d(const Dense& x, const Dense& w, const std::vector<double>& bias,
+                       const ConvParams& p) {
   int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3];
   int64_t CO = w.shape[0], CG = w.shape[1], KH = w.shape[2], KW = w.shape[3];
   int64_t OH = (H + 2 * p.pad_h - p.dil_h * (KH - 1) - 1) / p.stride_h + 1;
@@ -733,7 +784,8 @@ inline Expected concat(const std::vector<Dense>& xs, int axis) {
 }
 
 // Constant padding; pads[d] = {before, after}.
-inline Expected pad(const Dense& x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value) {
+inline Expected pad(const Dense& x, const std::vector<std::pair<int64_t, int64_t>>& pads,
+                    double value) {
   size_t rank = x.shape.size();
   Shape os = x.shape;
   for (size_t d = 0; d < rank && d < pads.size(); d++) os[d] += pads[d].first + pads[d].second;
@@ -743,7 +795,8 @@ inline Expected pad(const Dense& x, const std::vector<std::pair<int64_t, int64_t
   int64_t n = numel(x.shape);
   for (int64_t j = 0; j < n; j++) {
     int64_t o = 0;
-    for (size_t d = 0; d < rank; d++) o += (idx[d] + (d < pads.size() ? pads[d].first : 0)) * ost[d];
+    for (size_t d = 0; d < rank; d++)
+      o += (idx[d] + (d < pads.size() ? pads[d].first : 0)) * ost[d];
     e.values[size_t(o)] = x.v[size_t(j)];
     for (int d = int(rank) - 1; d >= 0; d--) {
       if (++idx[size_t(d)] < x.shape[size_t(d)]) break;
@@ -754,8 +807,8 @@ inline Expected pad(const Dense& x, const std::vector<std::pair<int64_t, int64_t
 }
 
 // Values of a strided view of a dense array (a reference for slice/transpose/expand...).
-inline std::vector<double> strided_values(const std::vector<double>& base, const Shape& shape, const Shape& strides,
-                                          int64_t offset) {
+inline std::vector<double> strided_values(const std::vector<double>& base, const Shape& shape,
+                                          const Shape& strides, int64_t offset) {
   std::vector<double> out;
   int64_t n = numel(shape);
   std::vector<int64_t> idx(shape.size(), 0);
@@ -784,7 +837,8 @@ void expect_error_impl(F&& f, const std::vector<std::string>& parts) {
   } catch (const opforge::Error& e) {
     std::string msg = e.what();
     for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "the message \"" << msg << "\" does not mention \"" << p << "\"";
+      EXPECT_NE(msg.find(p), std::string::npos)
+          << "the message \"" << msg << "\" does not mention \"" << p << "\"";
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected an opforge::Error, got another exception: " << e.what();
   }
@@ -794,8 +848,8 @@ void expect_error_impl(F&& f, const std::vector<std::string>& parts) {
 
 // EXPECT_OPFORGE_ERROR(statement, "part", "part", ...): the statement throws opforge::Error and the
 // message contains each part.
-#define EXPECT_OPFORGE_ERROR(stmt, ...)                                  \
-  do {                                                                   \
-    SCOPED_TRACE(#stmt);                                                 \
-    ::ref::expect_error_impl([&] { (void)(stmt); }, {__VA_ARGS__});      \
+#define EXPECT_OPFORGE_ERROR(stmt, ...)                             \
+  do {                                                              \
+    SCOPED_TRACE(#stmt);                                            \
+    ::ref::expect_error_impl([&] { (void)(stmt); }, {__VA_ARGS__}); \
   } while (0)

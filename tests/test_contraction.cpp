@@ -15,7 +15,8 @@ using namespace ref;
 class MatmulTest : public ::testing::TestWithParam<DType> {};
 
 void check_matmul(const Tensor& a, const Tensor& b, DType dt, const std::string& label) {
-  SCOPED_TRACE("matmul " + label + ": " + sstr(a.shape()) + " @ " + sstr(b.shape()) + " at " + dname(dt));
+  SCOPED_TRACE("matmul " + label + ": " + sstr(a.shape()) + " @ " + sstr(b.shape()) + " at " +
+               dname(dt));
   Expected want = matmul(dense(a), dense(b));
   int64_t K = a.shape().back();
   Tensor got;
@@ -33,8 +34,8 @@ TEST_P(MatmulTest, TwoDimensional) {
   struct MKN {
     int64_t m, k, n;
   };
-  for (MKN s : {MKN{1, 1, 1}, MKN{7, 33, 5}, MKN{64, 64, 64}, MKN{130, 70, 90}, MKN{1, 33, 1}, MKN{33, 1, 7},
-                MKN{1, 1023, 3}, MKN{5, 3, 1023}}) {
+  for (MKN s : {MKN{1, 1, 1}, MKN{7, 33, 5}, MKN{64, 64, 64}, MKN{130, 70, 90}, MKN{1, 33, 1},
+                MKN{33, 1, 7}, MKN{1, 1023, 3}, MKN{5, 3, 1023}}) {
     std::string label = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
     Tensor a = random({s.m, s.k}, dt, Data::Normal, "mm a " + label);
     Tensor b = random({s.k, s.n}, dt, Data::Normal, "mm b " + label);
@@ -47,18 +48,22 @@ TEST_P(MatmulTest, OneDimensionalOperands) {
   Tensor v = random({33}, dt, Data::Normal, "mm v");
   Tensor m = random({33, 7}, dt, Data::Normal, "mm m");
   Tensor mt = random({7, 33}, dt, Data::Normal, "mm mt");
-  check_matmul(v, m, dt, "1-D @ 2-D");                      // -> [7]
-  check_matmul(mt, v, dt, "2-D @ 1-D");                     // -> [7]
+  check_matmul(v, m, dt, "1-D @ 2-D");                                       // -> [7]
+  check_matmul(mt, v, dt, "2-D @ 1-D");                                      // -> [7]
   check_matmul(v, random({33}, dt, Data::Normal, "mm w"), dt, "1-D @ 1-D");  // -> []
-  check_matmul(random({5}, dt, Data::Normal, "mm v5"), random({3, 5, 6}, dt, Data::Normal, "mm b3"), dt,
+  check_matmul(random({5}, dt, Data::Normal, "mm v5"), random({3, 5, 6}, dt, Data::Normal, "mm b3"),
+               dt,
                "1-D @ 3-D");  // -> [3, 6]
-  check_matmul(random({3, 4, 5}, dt, Data::Normal, "mm a3"), random({5}, dt, Data::Normal, "mm v5b"), dt,
+  check_matmul(random({3, 4, 5}, dt, Data::Normal, "mm a3"),
+               random({5}, dt, Data::Normal, "mm v5b"), dt,
                "3-D @ 1-D");  // -> [3, 4]
 }
 
 TEST_P(MatmulTest, BatchedWithBroadcasting) {
   DType dt = GetParam();
-  auto r = [&](const Shape& s, const std::string& tag) { return random(s, dt, Data::Normal, "mm batch " + tag); };
+  auto r = [&](const Shape& s, const std::string& tag) {
+    return random(s, dt, Data::Normal, "mm batch " + tag);
+  };
   check_matmul(r({2, 1, 4, 5}, "a1"), r({3, 5, 6}, "b1"), dt, "[2, 1, 4, 5] @ [3, 5, 6]");
   check_matmul(r({3, 4, 5}, "a2"), r({3, 5, 6}, "b2"), dt, "same batch");
   check_matmul(r({3, 4, 5}, "a3"), r({5, 6}, "b3"), dt, "3-D @ 2-D");
@@ -76,11 +81,13 @@ TEST_P(MatmulTest, NonContiguousInputs) {
   check_matmul(at, b, dt, "transposed A");
   check_matmul(a, bt, dt, "transposed B");
   check_matmul(at, bt, dt, "both transposed");
-  check_matmul(random({7, 66}, dt, Data::Normal, "mm s a").slice(1, 0, 66, 2), b, dt, "step-2 slice A");
+  check_matmul(random({7, 66}, dt, Data::Normal, "mm s a").slice(1, 0, 66, 2), b, dt,
+               "step-2 slice A");
   check_matmul(random({3, 6, 4}, dt, Data::Normal, "mm bt a").transpose(1, 2),
                random({3, 6, 5}, dt, Data::Normal, "mm bt b"), dt, "batched transposed A");
   check_matmul(random({4, 5}, dt, Data::Normal, "mm e a"),
-               random({1, 5, 6}, dt, Data::Normal, "mm e b").expand({3, 5, 6}), dt, "expanded batch of B");
+               random({1, 5, 6}, dt, Data::Normal, "mm e b").expand({3, 5, 6}), dt,
+               "expanded batch of B");
 }
 
 TEST_P(MatmulTest, EmptyOperands) {
@@ -97,11 +104,12 @@ INSTANTIATE_TEST_SUITE_P(Floats, MatmulTest, ::testing::ValuesIn(kFloatTypes),
 
 class GemmTest : public ::testing::TestWithParam<DType> {};
 
-void check_gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta, bool ta, bool tb,
-                DType dt, const std::string& label) {
-  SCOPED_TRACE("gemm " + label + ": A " + sstr(a.shape()) + (ta ? "^T" : "") + ", B " + sstr(b.shape()) +
-               (tb ? "^T" : "") + ", C " + (c.defined() ? sstr(c.shape()) : "none") + ", alpha " +
-               std::to_string(alpha) + ", beta " + std::to_string(beta) + " at " + dname(dt));
+void check_gemm(const Tensor& a, const Tensor& b, const Tensor& c, double alpha, double beta,
+                bool ta, bool tb, DType dt, const std::string& label) {
+  SCOPED_TRACE("gemm " + label + ": A " + sstr(a.shape()) + (ta ? "^T" : "") + ", B " +
+               sstr(b.shape()) + (tb ? "^T" : "") + ", C " +
+               (c.defined() ? sstr(c.shape()) : "none") + ", alpha " + std::to_string(alpha) +
+               ", beta " + std::to_string(beta) + " at " + dname(dt));
   std::optional<Dense> cd;
   if (c.defined()) cd = dense(c);
   Expected want = gemm(dense(a), dense(b), cd, alpha, beta, ta, tb);
@@ -154,8 +162,8 @@ TEST_P(GemmTest, Transposes) {
   check_gemm(at, bt, Tensor(), 1, 1, true, true, dt, "both, no C");
   // non-contiguous operands as well as the transpose flags
   check_gemm(a.transpose(0, 1), b, c, 1, 1, true, false, dt, "trans_a of a transposed view");
-  check_gemm(random({M, 2 * K}, dt, Data::Normal, "gemm s a").slice(1, 0, 2 * K, 2), bt, c, 1, 1, false, true, dt,
-             "sliced A, trans_b");
+  check_gemm(random({M, 2 * K}, dt, Data::Normal, "gemm s a").slice(1, 0, 2 * K, 2), bt, c, 1, 1,
+             false, true, dt, "sliced A, trans_b");
 }
 
 INSTANTIATE_TEST_SUITE_P(Floats, GemmTest, ::testing::ValuesIn(kFloatTypes),

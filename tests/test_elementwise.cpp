@@ -19,7 +19,9 @@ struct EwParam {
   const EwSpec* spec;
   DType dtype;
 };
-void PrintTo(const EwParam& p, std::ostream* os) { *os << p.spec->name << "<" << dname(p.dtype) << ">"; }
+void PrintTo(const EwParam& p, std::ostream* os) {
+  *os << p.spec->name << "<" << dname(p.dtype) << ">";
+}
 
 std::vector<EwParam> all_ew_params() {
   std::vector<EwParam> out;
@@ -52,10 +54,12 @@ std::vector<Case> make_cases(const EwSpec& s, DType dt) {
   } else {
     std::vector<Shape> shapes = {{4, 1, 5}, {3, 1}, {5}};
     shapes.resize(size_t(s.arity));
-    cases.push_back({"broadcast [4, 1, 5] with [3, 1] (and [5])", ew_inputs(s, dt, shapes, "broadcast")});
+    cases.push_back(
+        {"broadcast [4, 1, 5] with [3, 1] (and [5])", ew_inputs(s, dt, shapes, "broadcast")});
     std::vector<Shape> shapes2 = {{3, 1}, {4, 1, 5}, {1}};
     shapes2.resize(size_t(s.arity));
-    cases.push_back({"broadcast [3, 1] with [4, 1, 5] (and [1])", ew_inputs(s, dt, shapes2, "broadcast2")});
+    cases.push_back(
+        {"broadcast [3, 1] with [4, 1, 5] (and [1])", ew_inputs(s, dt, shapes2, "broadcast2")});
   }
 
   // non-contiguous views: transposes, step-2 slices, and a mix of both
@@ -76,7 +80,8 @@ std::vector<Case> make_cases(const EwSpec& s, DType dt) {
     auto sl = ew_inputs(s, dt, std::vector<Shape>(size_t(s.arity), Shape{5, 14}), "mix-s");
     Case c{"mixed transposed / sliced inputs", {}};
     for (int i = 0; i < s.arity; i++)
-      c.inputs.push_back(i % 2 == 0 ? tr[size_t(i)].transpose(0, 1) : sl[size_t(i)].slice(1, 1, 14, 2));
+      c.inputs.push_back(i % 2 == 0 ? tr[size_t(i)].transpose(0, 1)
+                                    : sl[size_t(i)].slice(1, 1, 14, 2));
     cases.push_back(c);
   }
   {
@@ -119,9 +124,12 @@ TEST_P(ElementwiseTest, ScalarOperand) {
   }
   double c = s.scalar_value(dt);
   for (Shape shape : {Shape{33}, Shape{3, 4, 5}, Shape{0, 3}}) {
-    SCOPED_TRACE(s.name + "(x, " + std::to_string(c) + ") at " + dname(dt) + ", shape " + sstr(shape));
+    SCOPED_TRACE(s.name + "(x, " + std::to_string(c) + ") at " + dname(dt) + ", shape " +
+                 sstr(shape));
     Tensor x = random(shape, dt, s.data[0], "scalar/" + s.name + "/" + dname(dt));
-    Expected want = broadcast_eval({x}, [&](const std::vector<double>& v) { return s.fn({v[0], c}, dt); });
+    Expected want = broadcast_eval({x}, [&](const std::vector<double>& v) {
+      return s.fn({v[0], c}, dt);
+    });
     Tensor got;
     try {
       got = s.scalar_call(x, c);
@@ -160,14 +168,17 @@ TEST_P(CastTest, MatchesReference) {
   for (Data d : {Data::Quantized, Data::Normal}) {
     std::string tag = d == Data::Quantized ? "quantized" : "normal";
     for (Shape shape : {Shape{1}, Shape{33}, Shape{1023}, Shape{3, 4, 5}, Shape{0, 3}})
-      cases.push_back({tag + " " + sstr(shape), random(shape, from, d, "cast/" + tag + sstr(shape) + dname(from))});
-    cases.push_back({tag + " transposed [7, 5]", random({7, 5}, from, d, "cast/t" + tag + dname(from)).transpose(0, 1)});
-    cases.push_back(
-        {tag + " step-2 slice", random({5, 14}, from, d, "cast/s" + tag + dname(from)).slice(1, 1, 14, 2)});
+      cases.push_back({tag + " " + sstr(shape),
+                       random(shape, from, d, "cast/" + tag + sstr(shape) + dname(from))});
+    cases.push_back({tag + " transposed [7, 5]",
+                     random({7, 5}, from, d, "cast/t" + tag + dname(from)).transpose(0, 1)});
+    cases.push_back({tag + " step-2 slice",
+                     random({5, 14}, from, d, "cast/s" + tag + dname(from)).slice(1, 1, 14, 2)});
   }
   for (auto& [label, x] : cases) {
     SCOPED_TRACE("cast " + dname(from) + " -> " + dname(to) + ", " + label);
-    Expected want = broadcast_eval({x}, [&](const std::vector<double>& v) { return cast_value(v[0], to); });
+    Expected want =
+        broadcast_eval({x}, [&](const std::vector<double>& v) { return cast_value(v[0], to); });
     Tensor got;
     try {
       got = opforge::cast(x, to);
@@ -190,7 +201,8 @@ class ElementwiseSpecial : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ElementwiseSpecial, NanAndInfPropagate) {
   DType dt = GetParam();
-  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity(),
+               nan = std::numeric_limits<double>::quiet_NaN();
   Tensor x = make({inf, -inf, nan, 0, 2}, {5}, dt);
   Tensor one = Tensor::ones({5}, dt);
   Tol tt = transcendental_tol(dt);
@@ -252,7 +264,8 @@ TEST_P(ElementwiseSpecial, NanAndInfPropagate) {
   }
   {
     SCOPED_TRACE("softplus");
-    expect_close(opforge::softplus(x), {inf, 0, nan, std::log(2.0), std::log1p(std::exp(2.0))}, {5}, dt, tt);
+    expect_close(opforge::softplus(x), {inf, 0, nan, std::log(2.0), std::log1p(std::exp(2.0))}, {5},
+                 dt, tt);
   }
   {
     SCOPED_TRACE("floor");
@@ -280,11 +293,13 @@ TEST_P(ElementwiseSpecial, NanAndInfPropagate) {
     expect_close(opforge::log(d), {-inf, inf, nan, nan}, {4}, dt, tt);
     expect_close(opforge::sqrt(d), {0, inf, nan, nan}, {4}, dt);
     expect_close(opforge::reciprocal(make({0, inf, -inf}, {3}, dt)), {inf, 0, -0.0}, {3}, dt);
-    expect_close(opforge::div(make({1, -1, 0}, {3}, dt), make({0, 0, 0}, {3}, dt)), {inf, -inf, nan}, {3}, dt);
+    expect_close(opforge::div(make({1, -1, 0}, {3}, dt), make({0, 0, 0}, {3}, dt)),
+                 {inf, -inf, nan}, {3}, dt);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Floats, ElementwiseSpecial, ::testing::Values(DType::Float32, DType::Float64),
+INSTANTIATE_TEST_SUITE_P(Floats, ElementwiseSpecial,
+                         ::testing::Values(DType::Float32, DType::Float64),
                          [](const ::testing::TestParamInfo<DType>& i) { return dname(i.param); });
 
 // ---- family entry point and dtype promotion ----
@@ -295,19 +310,24 @@ TEST(ElementwiseFamily, ByNameMatchesTheTypedFunctions) {
   {
     SCOPED_TRACE("elementwise(\"add\")");
     expect_close(opforge::elementwise("add", {a, b}),
-                 broadcast_eval({a, b}, [](const std::vector<double>& v) { return v[0] + v[1]; }), DType::Float32);
+                 broadcast_eval({a, b}, [](const std::vector<double>& v) { return v[0] + v[1]; }),
+                 DType::Float32);
   }
   {
     SCOPED_TRACE("elementwise(\"leaky_relu\", alpha 0.2)");
-    expect_close(opforge::elementwise("leaky_relu", {a}, {0.2}),
-                 broadcast_eval({a}, [](const std::vector<double>& v) { return v[0] < 0 ? 0.2 * v[0] : v[0]; }),
-                 DType::Float32);
+    expect_close(
+        opforge::elementwise("leaky_relu", {a}, {0.2}),
+        broadcast_eval({a},
+                       [](const std::vector<double>& v) { return v[0] < 0 ? 0.2 * v[0] : v[0]; }),
+        DType::Float32);
   }
   {
     SCOPED_TRACE("elementwise(\"clip\", -0.5, 0.25)");
-    expect_close(opforge::elementwise("clip", {a}, {-0.5, 0.25}),
-                 broadcast_eval({a}, [](const std::vector<double>& v) { return std::clamp(v[0], -0.5, 0.25); }),
-                 DType::Float32);
+    expect_close(
+        opforge::elementwise("clip", {a}, {-0.5, 0.25}),
+        broadcast_eval({a},
+                       [](const std::vector<double>& v) { return std::clamp(v[0], -0.5, 0.25); }),
+        DType::Float32);
   }
 }
 
@@ -328,7 +348,8 @@ TEST(ElementwisePromotion, MixedDtypesPromote) {
     SCOPED_TRACE("int32 + 2.5 -> float (the scalar does not fit int32)");
     Tensor r = opforge::add(i, 2.5);
     EXPECT_TRUE(opforge::is_floating(r.dtype())) << dname(r.dtype());
-    expect_close(r, broadcast_eval({i}, [](const std::vector<double>& v) { return v[0] + 2.5; }), r.dtype());
+    expect_close(r, broadcast_eval({i}, [](const std::vector<double>& v) { return v[0] + 2.5; }),
+                 r.dtype());
   }
 }
 

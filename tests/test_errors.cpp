@@ -17,14 +17,17 @@ TEST(Errors, NonBroadcastableShapes) {
   EXPECT_THROW(opforge::add(f32({2, 3}), f32({4})), Error);
   EXPECT_OPFORGE_ERROR(opforge::add(f32({2, 3}), f32({4})), "add", "[2, 3]", "[4]");
   EXPECT_OPFORGE_ERROR(opforge::mul(f32({4, 1, 5}), f32({3, 2})), "mul", "[4, 1, 5]", "[3, 2]");
-  EXPECT_OPFORGE_ERROR(opforge::where(make({1, 0}, {2}, DType::Bool), f32({3}), f32({3})), "where", "[2]", "[3]");
-  EXPECT_OPFORGE_ERROR(opforge::copy_into(Tensor::zeros({3, 4}), f32({3})), "copy_into", "[3, 4]", "[3]");
+  EXPECT_OPFORGE_ERROR(opforge::where(make({1, 0}, {2}, DType::Bool), f32({3}), f32({3})), "where",
+                       "[2]", "[3]");
+  EXPECT_OPFORGE_ERROR(opforge::copy_into(Tensor::zeros({3, 4}), f32({3})), "copy_into", "[3, 4]",
+                       "[3]");
 }
 
 TEST(Errors, MatmulInnerDimensionMismatch) {
   EXPECT_THROW(opforge::matmul(f32({2, 3}), f32({4, 5})), Error);
   EXPECT_OPFORGE_ERROR(opforge::matmul(f32({2, 3}), f32({4, 5})), "matmul", "[2, 3]", "[4, 5]");
-  EXPECT_OPFORGE_ERROR(opforge::matmul(f32({2, 2, 3}), f32({3, 3, 4})), "matmul", "[2, 2, 3]", "[3, 3, 4]");
+  EXPECT_OPFORGE_ERROR(opforge::matmul(f32({2, 2, 3}), f32({3, 3, 4})), "matmul", "[2, 2, 3]",
+                       "[3, 3, 4]");
   EXPECT_OPFORGE_ERROR(opforge::matmul(f32({3}), f32({4})), "matmul", "[3]", "[4]");
   EXPECT_OPFORGE_ERROR(opforge::gemm(f32({2, 3}), f32({4, 5})), "gemm", "[2, 3]", "[4, 5]");
   EXPECT_OPFORGE_ERROR(opforge::gemm(f32({2, 3}), f32({3, 5}), f32({3, 5})), "gemm", "[3, 5]");
@@ -36,7 +39,8 @@ TEST(Errors, UnsupportedDtype) {
   EXPECT_OPFORGE_ERROR(opforge::logical_and(f32({3}), f32({3})), "logical_and", "float32", "bool");
   Tensor b = make({1, 0, 1}, {3}, DType::Bool);
   EXPECT_OPFORGE_ERROR(opforge::neg(b), "neg", "bool", "float32");
-  EXPECT_OPFORGE_ERROR(opforge::logical_not(make({1, 2}, {2}, DType::Int32)), "logical_not", "int32", "bool");
+  EXPECT_OPFORGE_ERROR(opforge::logical_not(make({1, 2}, {2}, DType::Int32)), "logical_not",
+                       "int32", "bool");
 }
 
 TEST(Errors, AxisOutOfRange) {
@@ -50,7 +54,8 @@ TEST(Errors, AxisOutOfRange) {
   EXPECT_OPFORGE_ERROR(opforge::argmax(x, 2), "argmax", "2");
   EXPECT_OPFORGE_ERROR(opforge::argmin(x, -3), "argmin", "-3");
   EXPECT_OPFORGE_ERROR(opforge::concat({x, x}, 2), "concat", "2");
-  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 3, make({0}, {1}, DType::Int64)), "index_select", "3");
+  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 3, make({0}, {1}, DType::Int64)), "index_select",
+                       "3");
   EXPECT_OPFORGE_ERROR(x.transpose(0, 2), "transpose", "2");
 }
 
@@ -88,8 +93,10 @@ TEST(Errors, SliceClampsButSelectChecks) {
 TEST(Errors, IndexOutOfRange) {
   Tensor x = f32({5, 4});
   EXPECT_THROW(opforge::index_select(x, 0, make({0, 7}, {2}, DType::Int64)), Error);
-  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 0, make({0, 7}, {2}, DType::Int64)), "index_select", "7", "5");
-  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 1, make({-9}, {1}, DType::Int32)), "index_select", "-9", "4");
+  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 0, make({0, 7}, {2}, DType::Int64)), "index_select",
+                       "7", "5");
+  EXPECT_OPFORGE_ERROR(opforge::index_select(x, 1, make({-9}, {1}, DType::Int32)), "index_select",
+                       "-9", "4");
   EXPECT_OPFORGE_ERROR(opforge::gather(x, 1, make({4}, {1}, DType::Int64)), "4");
   EXPECT_OPFORGE_ERROR(opforge::index_select(x, 0, f32({2})), "index_select", "float32");
 }

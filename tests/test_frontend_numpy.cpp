@@ -1,4 +1,5 @@
-// The NumPy-style frontend keeps NumPy's defaults and semantics where they differ from the core API.
+// The NumPy-style frontend keeps NumPy's defaults and semantics where they differ from the core
+// API.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,7 +41,8 @@ TEST(NumpyFrontend, DotStackTakeTranspose) {
   EXPECT_EQ(s.shape(), (Shape{2, 3}));
   auto m = np::array<double>({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_EQ(np::transpose(m).shape(), (Shape{3, 2}));
-  EXPECT_EQ(np::transpose(m).contiguous().to_double_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(np::transpose(m).contiguous().to_double_vector(),
+            (std::vector<double>{1, 4, 2, 5, 3, 6}));
   auto idx = np::array<int64_t>({5, 0, -1}, {3});
   EXPECT_EQ(np::take(m, idx).to_double_vector(), (std::vector<double>{6, 1, 6}));
   EXPECT_THROW(np::dot(np::zeros({2, 2, 2}), v), opforge::Error);

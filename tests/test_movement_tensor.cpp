@@ -35,7 +35,8 @@ TEST(TensorCreation, EmptyZerosOnesFull) {
     EXPECT_TRUE(e.defined());
     expect_close(Tensor::zeros({2, 3}, dt), std::vector<double>(6, 0.0), {2, 3}, dt);
     expect_close(Tensor::ones({4}, dt), std::vector<double>(4, 1.0), {4}, dt);
-    expect_close(Tensor::full({3, 1}, 2, dt), std::vector<double>(3, dt == DType::Bool ? 1.0 : 2.0), {3, 1}, dt);
+    expect_close(Tensor::full({3, 1}, 2, dt), std::vector<double>(3, dt == DType::Bool ? 1.0 : 2.0),
+                 {3, 1}, dt);
     expect_close(Tensor::zeros({0, 3}, dt), {}, {0, 3}, dt);
     Tensor s = Tensor::scalar(1, dt);
     EXPECT_EQ(s.dim(), 0);
@@ -48,7 +49,8 @@ TEST(TensorCreation, EmptyZerosOnesFull) {
 
 TEST(TensorCreation, Arange) {
   expect_close(Tensor::arange(0, 5), {0, 1, 2, 3, 4}, {5}, DType::Float32);
-  expect_close(Tensor::arange(1, 2, 0.25, DType::Float64), {1, 1.25, 1.5, 1.75}, {4}, DType::Float64);
+  expect_close(Tensor::arange(1, 2, 0.25, DType::Float64), {1, 1.25, 1.5, 1.75}, {4},
+               DType::Float64);
   expect_close(Tensor::arange(5, 0, -2, DType::Int64), {5, 3, 1}, {3}, DType::Int64);
   expect_close(Tensor::arange(-3, 3, 2, DType::Int32), {-3, -1, 1}, {3}, DType::Int32);
   expect_close(Tensor::arange(3, 3), {}, {0}, DType::Float32);
@@ -103,7 +105,8 @@ TEST(TensorCreation, FromVectorAndFromData) {
   EXPECT_THROW(i64.data_ptr<float>(), opforge::Error);
   EXPECT_THROW(Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}), opforge::Error);
   EXPECT_EQ(f.to_vector<float>(), (std::vector<float>{1.5f, -2.f, 3.f, 4.f, 5.f, 6.f}));
-  EXPECT_EQ(f.transpose(0, 1).to_vector<float>(), (std::vector<float>{1.5f, 4.f, -2.f, 5.f, 3.f, 6.f}));
+  EXPECT_EQ(f.transpose(0, 1).to_vector<float>(),
+            (std::vector<float>{1.5f, 4.f, -2.f, 5.f, 3.f, 6.f}));
   EXPECT_EQ(i32.to_vector<int32_t>(), (std::vector<int32_t>{-7, 8}));
   EXPECT_THROW(f.to_vector<double>(), opforge::Error);
   // copy_to_host gives row-major bytes, also of views
@@ -128,7 +131,8 @@ void refill(Tensor& t, double start) {
 }
 
 // Checks that `view` shows base's current data through (shape, strides, offset) of base.
-void expect_view_of(const Tensor& view, const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset) {
+void expect_view_of(const Tensor& view, const Tensor& base, const Shape& shape,
+                    const Shape& strides, int64_t offset) {
   EXPECT_EQ(view.storage(), base.storage()) << "the view does not share the base's storage";
   EXPECT_EQ(view.shape(), shape);
   std::vector<double> b = base.to_double_vector();
@@ -184,12 +188,12 @@ TEST(TensorViews, ExpandUsesStrideZero) {
 
 TEST(TensorViews, SliceWithStepsAndNegativeIndices) {
   Tensor v = make(iota_values(10), {10}, DType::Int64);
-  expect_view_of(v.slice(0, 1, 8, 3), v, {3}, {3}, 1);         // 1 4 7
-  expect_view_of(v.slice(0, -3, 100), v, {3}, {1}, 7);         // 7 8 9: stop clamped
-  expect_view_of(v.slice(0, -100, 2), v, {2}, {1}, 0);         // 0 1: start clamped
-  expect_view_of(v.slice(0, 2, -2, 2), v, {3}, {2}, 2);        // 2 4 6
-  EXPECT_EQ(v.slice(0, 5, 2).numel(), 0);                      // empty
-  EXPECT_EQ(v.slice(0, 20, 30).numel(), 0);                    // entirely out of range: empty
+  expect_view_of(v.slice(0, 1, 8, 3), v, {3}, {3}, 1);   // 1 4 7
+  expect_view_of(v.slice(0, -3, 100), v, {3}, {1}, 7);   // 7 8 9: stop clamped
+  expect_view_of(v.slice(0, -100, 2), v, {2}, {1}, 0);   // 0 1: start clamped
+  expect_view_of(v.slice(0, 2, -2, 2), v, {3}, {2}, 2);  // 2 4 6
+  EXPECT_EQ(v.slice(0, 5, 2).numel(), 0);                // empty
+  EXPECT_EQ(v.slice(0, 20, 30).numel(), 0);              // entirely out of range: empty
   Tensor base = base234();
   Tensor s = base.slice(2, 1, -1).slice(1, 0, 3, 2);  // [2, 2, 2]
   expect_view_of(s, base, {2, 2, 2}, {12, 8, 1}, 1);
@@ -258,7 +262,8 @@ TEST(TensorCopies, ContiguousCloneTo) {
     }
   }
   // float -> int truncates toward zero
-  expect_close(make({-2.75, -0.5, 0.5, 2.75}, {4}, DType::Float64).to(DType::Int32), {-2, 0, 0, 2}, {4}, DType::Int32);
+  expect_close(make({-2.75, -0.5, 0.5, 2.75}, {4}, DType::Float64).to(DType::Int32), {-2, 0, 0, 2},
+               {4}, DType::Int32);
 }
 
 // ---- movement ops ----
@@ -266,7 +271,9 @@ TEST(TensorCopies, ContiguousCloneTo) {
 TEST(Movement, Concat) {
   for (DType dt : kAllTypes) {
     SCOPED_TRACE(dname(dt));
-    auto r = [&](const Shape& s, const std::string& tag) { return random(s, dt, Data::Normal, "concat" + tag + dname(dt)); };
+    auto r = [&](const Shape& s, const std::string& tag) {
+      return random(s, dt, Data::Normal, "concat" + tag + dname(dt));
+    };
     struct C {
       std::vector<Tensor> xs;
       int axis;
@@ -278,7 +285,9 @@ TEST(Movement, Concat) {
         {{r({2, 3, 4}, "f"), r({2, 3, 1}, "g"), r({2, 3, 2}, "h")}, 2, "axis 2"},
         {{r({2, 3, 4}, "i"), r({2, 3, 2}, "j")}, -1, "axis -1"},
         {{r({7}, "k"), r({33}, "l")}, 0, "1-D"},
-        {{r({4, 2}, "m").transpose(0, 1), r({2, 6}, "n").slice(1, 0, 6, 2)}, 1, "non-contiguous inputs"},
+        {{r({4, 2}, "m").transpose(0, 1), r({2, 6}, "n").slice(1, 0, 6, 2)},
+         1,
+         "non-contiguous inputs"},
         {{r({2, 0}, "o"), r({2, 3}, "p")}, 1, "an empty input"},
         {{r({3, 2}, "q")}, 0, "a single input"},
     };
@@ -296,13 +305,16 @@ TEST(Movement, Pad) {
     SCOPED_TRACE(dname(dt));
     Tensor x = random({2, 3}, dt, Data::Normal, "pad" + dname(dt));
     double value = dt == DType::Bool ? 1 : 7;
-    expect_close(opforge::pad(x, {{1, 2}, {0, 1}}, value), pad(dense(x), {{1, 2}, {0, 1}}, value), dt);
+    expect_close(opforge::pad(x, {{1, 2}, {0, 1}}, value), pad(dense(x), {{1, 2}, {0, 1}}, value),
+                 dt);
     expect_close(opforge::pad(x, {{0, 0}, {3, 0}}), pad(dense(x), {{0, 0}, {3, 0}}, 0), dt);
     expect_close(opforge::pad(x, {{0, 0}, {0, 0}}), dense(x).v, {2, 3}, dt);
     Tensor y = random({2, 3, 4}, dt, Data::Normal, "pad3" + dname(dt));
-    expect_close(opforge::pad(y, {{1, 0}, {2, 2}, {0, 3}}, value), pad(dense(y), {{1, 0}, {2, 2}, {0, 3}}, value), dt);
+    expect_close(opforge::pad(y, {{1, 0}, {2, 2}, {0, 3}}, value),
+                 pad(dense(y), {{1, 0}, {2, 2}, {0, 3}}, value), dt);
     Tensor t = y.transpose(0, 2);  // [4, 3, 2], non-contiguous
-    expect_close(opforge::pad(t, {{1, 1}, {0, 1}, {2, 0}}, value), pad(dense(t), {{1, 1}, {0, 1}, {2, 0}}, value), dt);
+    expect_close(opforge::pad(t, {{1, 1}, {0, 1}, {2, 0}}, value),
+                 pad(dense(t), {{1, 1}, {0, 1}, {2, 0}}, value), dt);
   }
 }
 
@@ -324,7 +336,8 @@ TEST(Movement, IndexSelect) {
     Tensor index = make({5, 0, 3}, {3}, DType::Int64);
     SCOPED_TRACE("non-contiguous input");
     expect_close(opforge::index_select(xt, 0, index), take(dense(xt), 0, {5, 0, 3}), dt);
-    expect_close(opforge::index_select(xt, 1, make({}, {0}, DType::Int64)), take(dense(xt), 1, {}), dt);
+    expect_close(opforge::index_select(xt, 1, make({}, {0}, DType::Int64)), take(dense(xt), 1, {}),
+                 dt);
   }
 }
 
@@ -342,9 +355,10 @@ TEST(Movement, GatherIsNumpyTake) {
     Tensor got = opforge::gather(x, 0, index2);
     expect_close(got, flat.values, {2, 3, 5, 3}, dt);
     Expected last = take(dense(x), 2, {2, 0, 1, 1, 0, 2});
-    // x [4, 5, 3] gathered on axis 2 with a [2, 3] index -> [4, 5, 2, 3]; take gives [4, 5, 6] in the same order
-    expect_close(opforge::gather(x, -1, make({2, 0, 1, 1, 0, 2}, {2, 3}, DType::Int64)), last.values, {4, 5, 2, 3},
-                 dt);
+    // x [4, 5, 3] gathered on axis 2 with a [2, 3] index -> [4, 5, 2, 3]; take gives [4, 5, 6] in
+    // the same order
+    expect_close(opforge::gather(x, -1, make({2, 0, 1, 1, 0, 2}, {2, 3}, DType::Int64)),
+                 last.values, {4, 5, 2, 3}, dt);
   }
 }
 
@@ -354,13 +368,15 @@ TEST(Movement, CopyIntoBroadcasts) {
     Tensor dst = Tensor::zeros({3, 4}, dt);
     Tensor row = random({4}, dt, Data::NonZero, "copy_into row" + dname(dt));
     opforge::copy_into(dst, row);
-    expect_close(dst, broadcast_eval({Dense{std::vector<double>(12, 0.0), {3, 4}}, dense(row)},
-                                     [](const std::vector<double>& v) { return v[1]; }),
+    expect_close(dst,
+                 broadcast_eval({Dense{std::vector<double>(12, 0.0), {3, 4}}, dense(row)},
+                                [](const std::vector<double>& v) { return v[1]; }),
                  dt);
     Tensor col = random({3, 1}, dt, Data::NonZero, "copy_into col" + dname(dt));
     opforge::copy_into(dst, col);
-    expect_close(dst, broadcast_eval({Dense{std::vector<double>(12, 0.0), {3, 4}}, dense(col)},
-                                     [](const std::vector<double>& v) { return v[1]; }),
+    expect_close(dst,
+                 broadcast_eval({Dense{std::vector<double>(12, 0.0), {3, 4}}, dense(col)},
+                                [](const std::vector<double>& v) { return v[1]; }),
                  dt);
     // into a strided view: only the viewed elements change
     Tensor base = Tensor::zeros({4, 6}, dt);

@@ -26,9 +26,12 @@ struct AxisCase {
 std::vector<AxisCase> axis_cases(DType dt, Data d, const std::string& tag) {
   std::vector<AxisCase> out;
   auto add = [&](const std::string& label, const Tensor& x, std::vector<int> axes) {
-    for (bool keep : {false, true}) out.push_back({label + (keep ? ", keepdims" : ""), x, axes, keep});
+    for (bool keep : {false, true})
+      out.push_back({label + (keep ? ", keepdims" : ""), x, axes, keep});
   };
-  auto r = [&](const Shape& s, const std::string& name) { return random(s, dt, d, tag + "/" + name); };
+  auto r = [&](const Shape& s, const std::string& name) {
+    return random(s, dt, d, tag + "/" + name);
+  };
   auto axes_str = [](const std::vector<int>& a) {
     std::string s = "{";
     for (size_t i = 0; i < a.size(); i++) s += (i ? "," : "") + std::to_string(a[i]);
@@ -46,10 +49,10 @@ std::vector<AxisCase> axis_cases(DType dt, Data d, const std::string& tag) {
   both({33, 7}, {1});
   both({33, 7}, {});
   both({4, 5, 6, 7}, {1});
-  both({4, 5, 6, 7}, {0, 2});     // non-adjacent
-  both({4, 5, 6, 7}, {1, 3});     // non-adjacent, includes the innermost
-  both({4, 5, 6, 7}, {-1, -3});   // negative
-  both({4, 5, 6, 7}, {3, 0});     // unsorted
+  both({4, 5, 6, 7}, {0, 2});    // non-adjacent
+  both({4, 5, 6, 7}, {1, 3});    // non-adjacent, includes the innermost
+  both({4, 5, 6, 7}, {-1, -3});  // negative
+  both({4, 5, 6, 7}, {3, 0});    // unsorted
   both({4, 5, 6, 7}, {0, 1, 2, 3});
   both({4, 5, 6, 7}, {});
   both({3, 1023}, {1});
@@ -87,24 +90,25 @@ std::vector<ReduceSpec> reduce_specs() {
   using V = const std::vector<double>&;
   using A = const std::vector<int>&;
   return {
-      {"sum", kNumericTypes, Data::Normal, [](const Tensor& x, A a, bool k) { return opforge::sum(x, a, k); },
-       fn::sum, widen},
-      {"mean", kFloatTypes, Data::Normal, [](const Tensor& x, A a, bool k) { return opforge::mean(x, a, k); },
-       fn::mean, same},
-      {"prod", kNumericTypes, Data::NearOne, [](const Tensor& x, A a, bool k) { return opforge::prod(x, a, k); },
-       fn::prod, widen},
-      {"max", kNumericTypes, Data::Normal, [](const Tensor& x, A a, bool k) { return opforge::max(x, a, k); },
-       fn::max, same},
-      {"min", kNumericTypes, Data::Normal, [](const Tensor& x, A a, bool k) { return opforge::min(x, a, k); },
-       fn::min, same},
+      {"sum", kNumericTypes, Data::Normal,
+       [](const Tensor& x, A a, bool k) { return opforge::sum(x, a, k); }, fn::sum, widen},
+      {"mean", kFloatTypes, Data::Normal,
+       [](const Tensor& x, A a, bool k) { return opforge::mean(x, a, k); }, fn::mean, same},
+      {"prod", kNumericTypes, Data::NearOne,
+       [](const Tensor& x, A a, bool k) { return opforge::prod(x, a, k); }, fn::prod, widen},
+      {"max", kNumericTypes, Data::Normal,
+       [](const Tensor& x, A a, bool k) { return opforge::max(x, a, k); }, fn::max, same},
+      {"min", kNumericTypes, Data::Normal,
+       [](const Tensor& x, A a, bool k) { return opforge::min(x, a, k); }, fn::min, same},
       {"logsumexp", kFloatTypes, Data::Normal,
-       [](const Tensor& x, A a, bool k) { return opforge::logsumexp(x, a, k); }, fn::logsumexp, same, true},
+       [](const Tensor& x, A a, bool k) { return opforge::logsumexp(x, a, k); }, fn::logsumexp,
+       same, true},
       {"var_ddof0", kFloatTypes, Data::Normal,
-       [](const Tensor& x, A a, bool k) { return opforge::var(x, a, k, 0); }, [](V v) { return fn::var(v, 0); },
-       same},
+       [](const Tensor& x, A a, bool k) { return opforge::var(x, a, k, 0); },
+       [](V v) { return fn::var(v, 0); }, same},
       {"var_ddof1", kFloatTypes, Data::Normal,
-       [](const Tensor& x, A a, bool k) { return opforge::var(x, a, k, 1); }, [](V v) { return fn::var(v, 1); },
-       same, false, 1},
+       [](const Tensor& x, A a, bool k) { return opforge::var(x, a, k, 1); },
+       [](V v) { return fn::var(v, 1); }, same, false, 1},
   };
 }
 
@@ -182,8 +186,8 @@ TEST(Reduction, LogsumexpIsStableForLargeInputs) {
   for (DType dt : kFloatTypes) {
     SCOPED_TRACE(dname(dt));
     Tensor x = make({1000, 1000, -1000, 0}, {2, 2}, dt);
-    expect_close(opforge::logsumexp(x, {1}), {1000 + std::log(2.0), std::log1p(std::exp(-1000.0))}, {2}, dt,
-                 transcendental_tol(dt));
+    expect_close(opforge::logsumexp(x, {1}), {1000 + std::log(2.0), std::log1p(std::exp(-1000.0))},
+                 {2}, dt, transcendental_tol(dt));
   }
 }
 
@@ -197,14 +201,23 @@ TEST_P(ArgTest, AlongAnAxisAndFlattened) {
     Shape shape;
     std::optional<int> axis;
   };
-  std::vector<C> cases = {{{1}, 0},          {{7}, 0},           {{33}, std::nullopt}, {{1023}, 0},
-                          {{1023}, -1},      {{33, 7}, 0},       {{33, 7}, 1},          {{33, 7}, std::nullopt},
-                          {{4, 5, 6}, 1},    {{4, 5, 6}, -1},    {{4, 5, 6}, std::nullopt}};
+  std::vector<C> cases = {{{1}, 0},
+                          {{7}, 0},
+                          {{33}, std::nullopt},
+                          {{1023}, 0},
+                          {{1023}, -1},
+                          {{33, 7}, 0},
+                          {{33, 7}, 1},
+                          {{33, 7}, std::nullopt},
+                          {{4, 5, 6}, 1},
+                          {{4, 5, 6}, -1},
+                          {{4, 5, 6}, std::nullopt}};
   for (bool is_max : {true, false})
     for (const auto& c : cases)
       for (bool keep : {false, true}) {
-        std::string label = std::string(is_max ? "argmax" : "argmin") + " shape " + sstr(c.shape) + " axis " +
-                            (c.axis ? std::to_string(*c.axis) : "none") + (keep ? " keepdims" : "");
+        std::string label = std::string(is_max ? "argmax" : "argmin") + " shape " + sstr(c.shape) +
+                            " axis " + (c.axis ? std::to_string(*c.axis) : "none") +
+                            (keep ? " keepdims" : "");
         SCOPED_TRACE(label + " at " + dname(dt));
         Tensor x = random(c.shape, dt, Data::Distinct, label + dname(dt));
         std::vector<int> axes = c.axis ? std::vector<int>{*c.axis} : std::vector<int>{};
@@ -242,21 +255,25 @@ TEST_P(NormalizeTest, SoftmaxAndLogSoftmax) {
     int axis;
   };
   std::vector<C> cases;
-  for (Shape s : {Shape{1}, Shape{7}, Shape{33}, Shape{1023}, Shape{4, 5, 6}, Shape{3, 1023}, Shape{33, 7}})
-    for (int axis : {-1, 0}) cases.push_back({"shape " + sstr(s), random(s, dt, Data::Normal, "softmax" + sstr(s)), axis});
+  for (Shape s :
+       {Shape{1}, Shape{7}, Shape{33}, Shape{1023}, Shape{4, 5, 6}, Shape{3, 1023}, Shape{33, 7}})
+    for (int axis : {-1, 0})
+      cases.push_back({"shape " + sstr(s), random(s, dt, Data::Normal, "softmax" + sstr(s)), axis});
   cases.push_back({"shape [4, 5, 6]", random({4, 5, 6}, dt, Data::Normal, "softmax mid"), 1});
   Tensor base = random({6, 8, 5}, dt, Data::Normal, "softmax t");
   cases.push_back({"transposed [5, 8, 6]", base.transpose(0, 2), -1});
   cases.push_back({"transposed [5, 8, 6]", base.transpose(0, 2), 0});
-  cases.push_back({"step-2 slice [5, 33]", random({5, 66}, dt, Data::Normal, "softmax s").slice(1, 0, 66, 2), -1});
+  cases.push_back({"step-2 slice [5, 33]",
+                   random({5, 66}, dt, Data::Normal, "softmax s").slice(1, 0, 66, 2), -1});
   for (const auto& c : cases)
     for (bool log : {false, true}) {
-      SCOPED_TRACE(std::string(log ? "log_softmax" : "softmax") + " at " + dname(dt) + ", " + c.label + " axis " +
-                   std::to_string(c.axis));
+      SCOPED_TRACE(std::string(log ? "log_softmax" : "softmax") + " at " + dname(dt) + ", " +
+                   c.label + " axis " + std::to_string(c.axis));
       Expected want = softmax(dense(c.x), c.axis, log);
       Tensor got = log ? opforge::log_softmax(c.x, c.axis) : opforge::softmax(c.x, c.axis);
       int ax = c.axis < 0 ? c.axis + c.x.dim() : c.axis;
-      expect_close(got, want, dt, loosest(accum_tol(dt, c.x.shape()[size_t(ax)]), transcendental_tol(dt)));
+      expect_close(got, want, dt,
+                   loosest(accum_tol(dt, c.x.shape()[size_t(ax)]), transcendental_tol(dt)));
     }
 }
 
@@ -274,18 +291,22 @@ TEST_P(NormalizeTest, LayerNorm) {
     Shape shape;
     int ndims;
   };
-  std::vector<C> cases = {{{4, 5, 6}, 1}, {{4, 5, 6}, 2}, {{3, 1023}, 1}, {{7}, 1}, {{33, 7}, 2}, {{2, 1}, 1}};
+  std::vector<C> cases = {{{4, 5, 6}, 1}, {{4, 5, 6}, 2}, {{3, 1023}, 1},
+                          {{7}, 1},       {{33, 7}, 2},   {{2, 1}, 1}};
   for (const auto& c : cases)
     for (int affine = 0; affine < 3; affine++) {  // 0: none, 1: weight only, 2: weight and bias
       Shape norm(c.shape.end() - c.ndims, c.shape.end());
       std::string label = "layer_norm shape " + sstr(c.shape) + " over " + sstr(norm) +
-                          (affine == 0 ? "" : affine == 1 ? " with weight" : " with weight and bias");
+                          (affine == 0   ? ""
+                           : affine == 1 ? " with weight"
+                                         : " with weight and bias");
       SCOPED_TRACE(label + " at " + dname(dt));
       Tensor x = random(c.shape, dt, Data::Normal, label);
       Tensor w = affine >= 1 ? random(norm, dt, Data::Normal, label + "w") : Tensor();
       Tensor b = affine >= 2 ? random(norm, dt, Data::Normal, label + "b") : Tensor();
-      Expected want = layer_norm(dense(x), c.ndims, w.defined() ? w.to_double_vector() : std::vector<double>{},
-                                 b.defined() ? b.to_double_vector() : std::vector<double>{}, 1e-5);
+      Expected want =
+          layer_norm(dense(x), c.ndims, w.defined() ? w.to_double_vector() : std::vector<double>{},
+                     b.defined() ? b.to_double_vector() : std::vector<double>{}, 1e-5);
       Tensor got = opforge::layer_norm(x, norm, w, b);
       expect_close(got, want, dt, loosest(accum_tol(dt, numel(norm)), transcendental_tol(dt)));
     }
@@ -304,11 +325,12 @@ INSTANTIATE_TEST_SUITE_P(Floats, NormalizeTest, ::testing::ValuesIn(kFloatTypes)
 
 TEST(ReductionFamily, ByNameMatchesTheTypedFunctions) {
   Tensor x = random({5, 6, 7}, DType::Float64, Data::Normal, "family");
-  expect_close(opforge::reduction("sum", x, {0, 2}, false), reduce(dense(x), {0, 2}, false, fn::sum),
-               DType::Float64);
-  expect_close(opforge::reduction("var", x, {1}, true, {1.0}),
-               reduce(dense(x), {1}, true, [](const std::vector<double>& v) { return fn::var(v, 1); }),
-               DType::Float64);
+  expect_close(opforge::reduction("sum", x, {0, 2}, false),
+               reduce(dense(x), {0, 2}, false, fn::sum), DType::Float64);
+  expect_close(
+      opforge::reduction("var", x, {1}, true, {1.0}),
+      reduce(dense(x), {1}, true, [](const std::vector<double>& v) { return fn::var(v, 1); }),
+      DType::Float64);
 }
 
 }  // namespace

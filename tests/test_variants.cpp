@@ -63,11 +63,13 @@ Tensor run_forced(const KernelGroup& g, const VariantInfo& v, const std::functio
     ForcedVariant force(v.name);
     out = f();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << op << " at " << g.dtype_key << " with variant " << v.name << " forced threw: " << e.what();
+    ADD_FAILURE() << op << " at " << g.dtype_key << " with variant " << v.name
+                  << " forced threw: " << e.what();
     return out;
   }
   EXPECT_GT(calls_of(op, g.dtype_key, v.name), before)
-      << "dispatch_stats() shows no call of variant " << v.name << " of " << op << " at " << g.dtype_key;
+      << "dispatch_stats() shows no call of variant " << v.name << " of " << op << " at "
+      << g.dtype_key;
   return out;
 }
 
@@ -81,14 +83,15 @@ Shape elementwise_shape(const int64_t* mins, int64_t inner) {
   for (int d = 1; d < opforge::kMaxCallExtents; d++)
     if (mins[d] > 1) last = d;
   Shape s;
-  for (int d = last; d >= 0; d--) s.push_back(d == 0 ? at_least(mins[0], inner) : at_least(mins[d], 1));
+  for (int d = last; d >= 0; d--)
+    s.push_back(d == 0 ? at_least(mins[0], inner) : at_least(mins[d], 1));
   return s;
 }
 
 std::string what(const KernelGroup& g, const VariantInfo& v) {
   std::ostringstream os;
-  os << g.op->name << " at " << g.dtype_key << ", variant " << v.name << " (target " << v.kernel->target
-     << ", minimum extents";
+  os << g.op->name << " at " << g.dtype_key << ", variant " << v.name << " (target "
+     << v.kernel->target << ", minimum extents";
   for (int d = 0; d < opforge::kMaxCallExtents; d++) os << " " << v.kernel->min_extents[d];
   os << ")";
   return os.str();
@@ -111,7 +114,8 @@ void check_elementwise(const EwSpec& s, const KernelGroup& g, const VariantInfo&
 void check_cast(const KernelGroup& g, const VariantInfo& v) {
   Shape shape = elementwise_shape(mins_of(v), 37);
   Tensor x = random(shape, g.in_dtype, Data::Quantized, "variant/cast/" + g.dtype_key + v.name);
-  Expected want = broadcast_eval({x}, [&](const std::vector<double>& a) { return cast_value(a[0], g.out_dtype); });
+  Expected want = broadcast_eval(
+      {x}, [&](const std::vector<double>& a) { return cast_value(a[0], g.out_dtype); });
   Tensor got = run_forced(g, v, [&] { return opforge::cast(x, g.out_dtype); });
   expect_close(got, want, g.out_dtype);
 }
@@ -147,7 +151,8 @@ Handler softmax_handler(bool log) {
     RedShape r = reduction_shape(v);
     Tensor x = random({r.outer, r.reduced, r.inner}, dt, Data::Normal, "variant/softmax" + v.name);
     Expected want = softmax(dense(x), 1, log);
-    Tensor got = run_forced(g, v, [&] { return log ? opforge::log_softmax(x, 1) : opforge::softmax(x, 1); });
+    Tensor got =
+        run_forced(g, v, [&] { return log ? opforge::log_softmax(x, 1) : opforge::softmax(x, 1); });
     expect_close(got, want, dt, loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
   };
 }
@@ -200,7 +205,9 @@ void check_matmul(const KernelGroup& g, const VariantInfo& v) {
   Tensor b = random(bs, dt, Data::Normal, "variant/matmul b" + v.name);
   Tensor got = run_forced(g, v, [&] { return opforge::matmul(a, b); });
   Dense bd = dense(b);
-  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) { return matmul(dense(a.slice(a.dim() - 2, r0, r1)), bd); });
+  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
+    return matmul(dense(a.slice(a.dim() - 2, r0, r1)), bd);
+  });
 }
 
 void check_gemm(const KernelGroup& g, const VariantInfo& v) {
@@ -215,7 +222,8 @@ void check_gemm(const KernelGroup& g, const VariantInfo& v) {
   Tensor got = run_forced(g, v, [&] { return opforge::gemm(a, b, c, alpha, beta); });
   Dense bd = dense(b);
   check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
-    return gemm(dense(a.slice(0, r0, r1)), bd, dense(c.slice(0, r0, r1)), alpha, beta, false, false);
+    return gemm(dense(a.slice(0, r0, r1)), bd, dense(c.slice(0, r0, r1)), alpha, beta, false,
+                false);
   });
 }
 
@@ -224,7 +232,8 @@ void check_gemm(const KernelGroup& g, const VariantInfo& v) {
 void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
-  int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), CO = at_least(m[2], 4), N = at_least(m[3], 1), CI = 3;
+  int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), CO = at_least(m[2], 4),
+          N = at_least(m[3], 1), CI = 3;
   // 3x3 kernel, stride 1, padding 1: the output is as large as the input
   Tensor x = random({N, CI, H, W}, dt, Data::Normal, "variant/conv x" + v.name);
   Tensor w = random({CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name);
@@ -242,7 +251,8 @@ Handler pool_handler(bool is_max) {
   return [=](const KernelGroup& g, const VariantInfo& v) {
     DType dt = g.in_dtype;
     const int64_t* m = mins_of(v);
-    int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3), N = at_least(m[3], 1);
+    int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3),
+            N = at_least(m[3], 1);
     Tensor x = random({N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name);
     opforge::Pool2dOptions o;  // 3x3, stride 1, padding 1: the output is as large as the input
     o.kernel = {3, 3};
@@ -255,8 +265,8 @@ Handler pool_handler(bool is_max) {
     p.pad_h = p.pad_w = 1;
     p.count_include_pad = false;
     Expected want = pool2d(dense(x), p, is_max);
-    Tensor got =
-        run_forced(g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
+    Tensor got = run_forced(
+        g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
     expect_close(got, want, dt, accum_tol(dt, 9));
   };
 }
@@ -284,7 +294,8 @@ void check_gather(const KernelGroup& g, const VariantInfo& v) {
   int64_t inner = at_least(m[0], 3), J = at_least(m[1], 11), n = 7;
   int64_t outer = at_least(m[2], inner * J > (int64_t(1) << 20) ? 1 : 2);
   Tensor x = random({outer, n, inner}, dt, Data::Normal, "variant/gather x" + v.name);
-  std::vector<double> idx_values = random_values(J, DType::Int64, Data::Unit, seed_of("variant/gather i" + v.name));
+  std::vector<double> idx_values =
+      random_values(J, DType::Int64, Data::Unit, seed_of("variant/gather i" + v.name));
   for (auto& i : idx_values) i = std::fmod(i, double(n));  // Unit ints are 0..9: fold into [0, n)
   Tensor index = make(idx_values, {J}, DType::Int64);
   Tensor got = run_forced(g, v, [&] { return opforge::index_select(x, 1, index); });
@@ -301,7 +312,8 @@ void check_gather(const KernelGroup& g, const VariantInfo& v) {
     for (int64_t j = 0; j < J; j++) {
       int64_t k = int64_t(idx_values[size_t(j)]);
       if (std::memcmp(dst + size_t(o * J + j) * row, src + size_t(o * n + k) * row, row) != 0) {
-        if (bad < 5) ADD_FAILURE() << "row (outer " << o << ", index " << j << " -> " << k << ") differs";
+        if (bad < 5)
+          ADD_FAILURE() << "row (outer " << o << ", index " << j << " -> " << k << ") differs";
         bad++;
       }
     }
@@ -315,23 +327,34 @@ const std::map<std::string, Handler>& handlers() {
     std::map<std::string, Handler> t;
     for (const EwSpec& s : ew_specs()) {
       const EwSpec* sp = &s;
-      t[s.name] = [sp](const KernelGroup& g, const VariantInfo& v) { check_elementwise(*sp, g, v); };
+      t[s.name] = [sp](const KernelGroup& g, const VariantInfo& v) {
+        check_elementwise(*sp, g, v);
+      };
     }
     t["cast"] = check_cast;
     auto same = [](DType d) { return d; };
     auto widen = [](DType d) { return opforge::is_floating(d) ? d : DType::Int64; };
     auto i64 = [](DType) { return DType::Int64; };
-    t["sum"] = reduce_handler(Data::Normal, fn::sum, [](const Tensor& x) { return opforge::sum(x, {1}); }, widen);
-    t["mean"] = reduce_handler(Data::Normal, fn::mean, [](const Tensor& x) { return opforge::mean(x, {1}); }, same);
-    t["prod"] = reduce_handler(Data::NearOne, fn::prod, [](const Tensor& x) { return opforge::prod(x, {1}); }, widen);
-    t["max"] = reduce_handler(Data::Normal, fn::max, [](const Tensor& x) { return opforge::max(x, {1}); }, same);
-    t["min"] = reduce_handler(Data::Normal, fn::min, [](const Tensor& x) { return opforge::min(x, {1}); }, same);
-    t["argmax"] = reduce_handler(Data::Distinct, fn::argmax, [](const Tensor& x) { return opforge::argmax(x, 1); }, i64);
-    t["argmin"] = reduce_handler(Data::Distinct, fn::argmin, [](const Tensor& x) { return opforge::argmin(x, 1); }, i64);
-    t["logsumexp"] = reduce_handler(Data::Normal, fn::logsumexp,
-                                    [](const Tensor& x) { return opforge::logsumexp(x, {1}); }, same, true);
-    t["var"] = reduce_handler(Data::Normal, [](const std::vector<double>& a) { return fn::var(a, 1); },
-                              [](const Tensor& x) { return opforge::var(x, {1}, false, 1); }, same);
+    t["sum"] = reduce_handler(
+        Data::Normal, fn::sum, [](const Tensor& x) { return opforge::sum(x, {1}); }, widen);
+    t["mean"] = reduce_handler(
+        Data::Normal, fn::mean, [](const Tensor& x) { return opforge::mean(x, {1}); }, same);
+    t["prod"] = reduce_handler(
+        Data::NearOne, fn::prod, [](const Tensor& x) { return opforge::prod(x, {1}); }, widen);
+    t["max"] = reduce_handler(
+        Data::Normal, fn::max, [](const Tensor& x) { return opforge::max(x, {1}); }, same);
+    t["min"] = reduce_handler(
+        Data::Normal, fn::min, [](const Tensor& x) { return opforge::min(x, {1}); }, same);
+    t["argmax"] = reduce_handler(
+        Data::Distinct, fn::argmax, [](const Tensor& x) { return opforge::argmax(x, 1); }, i64);
+    t["argmin"] = reduce_handler(
+        Data::Distinct, fn::argmin, [](const Tensor& x) { return opforge::argmin(x, 1); }, i64);
+    t["logsumexp"] = reduce_handler(
+        Data::Normal, fn::logsumexp, [](const Tensor& x) { return opforge::logsumexp(x, {1}); },
+        same, true);
+    t["var"] = reduce_handler(
+        Data::Normal, [](const std::vector<double>& a) { return fn::var(a, 1); },
+        [](const Tensor& x) { return opforge::var(x, {1}, false, 1); }, same);
     t["softmax"] = softmax_handler(false);
     t["log_softmax"] = softmax_handler(true);
     t["layer_norm"] = check_layer_norm;
@@ -360,9 +383,10 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
   for (DType a : kAllTypes)
     for (DType b : kAllTypes)
       if (a != b) m["cast"].insert(dname(a) + "_to_" + dname(b));
-  for (const char* op : {"sum", "prod", "max", "min", "argmax", "argmin"}) m[op] = keys(kNumericTypes);
-  for (const char* op : {"mean", "logsumexp", "var", "softmax", "log_softmax", "layer_norm", "matmul", "gemm",
-                         "conv2d", "max_pool2d", "avg_pool2d"})
+  for (const char* op : {"sum", "prod", "max", "min", "argmax", "argmin"})
+    m[op] = keys(kNumericTypes);
+  for (const char* op : {"mean", "logsumexp", "var", "softmax", "log_softmax", "layer_norm",
+                         "matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d"})
     m[op] = keys(kFloatTypes);
   m["copy"] = keys(kAllTypes);
   m["gather"] = keys(kAllTypes);
@@ -373,7 +397,8 @@ TEST(Variants, EveryDslOpIsRegisteredWithItsDtypes) {
   for (const auto& [name, keys] : dsl_dtype_keys()) {
     SCOPED_TRACE(name);
     const OpInfo* op = opforge::find_op(name);
-    ASSERT_NE(op, nullptr) << "the DSL defines " << name << " but the registry has no kernels for it";
+    ASSERT_NE(op, nullptr) << "the DSL defines " << name
+                           << " but the registry has no kernels for it";
     auto got = op->dtype_keys();
     EXPECT_EQ(std::set<std::string>(got.begin(), got.end()), keys);
     for (const auto& [key, g] : op->groups) {
@@ -410,7 +435,9 @@ TEST(Variants, EveryRegisteredOpHasAVariantTest) {
 struct VariantParam {
   std::string op, dtype_key, variant;
 };
-void PrintTo(const VariantParam& p, std::ostream* os) { *os << p.op << "/" << p.dtype_key << "/" << p.variant; }
+void PrintTo(const VariantParam& p, std::ostream* os) {
+  *os << p.op << "/" << p.dtype_key << "/" << p.variant;
+}
 
 std::vector<VariantParam> all_variant_params() {
   std::vector<VariantParam> out;
@@ -435,12 +462,14 @@ TEST_P(VariantTest, MatchesReference) {
   const VariantParam& p = GetParam();
   const OpInfo& op = opforge::op_info(p.op);
   const KernelGroup& g = op.group(p.dtype_key);
-  auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) { return v.name == p.variant; });
+  auto it = std::find_if(g.variants.begin(), g.variants.end(),
+                         [&](const VariantInfo& v) { return v.name == p.variant; });
   ASSERT_NE(it, g.variants.end());
   ASSERT_NE(it->kernel, nullptr);
   auto h = handlers().find(p.op);
-  ASSERT_NE(h, handlers().end()) << "op '" << p.op << "' (family " << op.family
-                                 << ") has no variant test: add it to the table in tests/test_variants.cpp";
+  ASSERT_NE(h, handlers().end())
+      << "op '" << p.op << "' (family " << op.family
+      << ") has no variant test: add it to the table in tests/test_variants.cpp";
   SCOPED_TRACE(what(g, *it));
   h->second(g, *it);
 }

@@ -19,7 +19,8 @@ struct ConvCase {
   bool bias;
 };
 
-ConvParams cp(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh = 1, int64_t dw = 1, int64_t g = 1) {
+ConvParams cp(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh = 1, int64_t dw = 1,
+              int64_t g = 1) {
   ConvParams p;
   p.stride_h = sh;
   p.stride_w = sw;
@@ -36,13 +37,21 @@ std::vector<ConvCase> conv_cases() {
       {"3x3, no padding", {2, 3, 7, 9}, {4, 3, 3, 3}, cp(1, 1, 0, 0), false},
       {"3x3 with bias", {2, 3, 7, 9}, {4, 3, 3, 3}, cp(1, 1, 0, 0), true},
       {"stride 2, padding 1", {1, 3, 11, 13}, {5, 3, 3, 3}, cp(2, 2, 1, 1), true},
-      {"stride (2, 3), padding (1, 2), 3x2 kernel", {2, 2, 10, 11}, {3, 2, 3, 2}, cp(2, 3, 1, 2), true},
+      {"stride (2, 3), padding (1, 2), 3x2 kernel",
+       {2, 2, 10, 11},
+       {3, 2, 3, 2},
+       cp(2, 3, 1, 2),
+       true},
       {"dilation 2, padding 2", {1, 2, 13, 11}, {3, 2, 3, 3}, cp(1, 1, 2, 2, 2, 2), false},
       {"dilation (2, 1), stride (1, 2)", {1, 3, 12, 12}, {2, 3, 3, 3}, cp(1, 2, 1, 0, 2, 1), true},
       {"groups 2, padding 1", {2, 4, 8, 8}, {6, 2, 3, 3}, cp(1, 1, 1, 1, 1, 1, 2), true},
       {"groups 3, stride 2", {1, 6, 9, 9}, {3, 2, 3, 3}, cp(2, 2, 0, 0, 1, 1, 3), false},
       {"depthwise", {2, 5, 7, 7}, {5, 1, 3, 3}, cp(1, 1, 1, 1, 1, 1, 5), true},
-      {"depthwise, multiplier 2, stride 2", {1, 5, 9, 8}, {10, 1, 3, 3}, cp(2, 2, 1, 1, 1, 1, 5), false},
+      {"depthwise, multiplier 2, stride 2",
+       {1, 5, 9, 8},
+       {10, 1, 3, 3},
+       cp(2, 2, 1, 1, 1, 1, 5),
+       false},
       {"1x1 kernel", {1, 8, 5, 5}, {4, 8, 1, 1}, cp(1, 1, 0, 0), true},
       {"odd sizes, 5x3 kernel, padding (2, 1)", {3, 3, 13, 11}, {7, 3, 5, 3}, cp(1, 1, 2, 1), true},
       {"kernel as large as the image", {1, 2, 5, 5}, {3, 2, 5, 5}, cp(1, 1, 0, 0), true},
@@ -55,11 +64,14 @@ class ConvTest : public ::testing::TestWithParam<DType> {};
 
 void check_conv(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p, DType dt,
                 const std::string& label) {
-  SCOPED_TRACE("conv2d " + label + ": x " + sstr(x.shape()) + ", w " + sstr(w.shape()) + (b.defined() ? ", bias" : "") +
-               ", stride (" + std::to_string(p.stride_h) + ", " + std::to_string(p.stride_w) + "), padding (" +
-               std::to_string(p.pad_h) + ", " + std::to_string(p.pad_w) + "), dilation (" + std::to_string(p.dil_h) +
-               ", " + std::to_string(p.dil_w) + "), groups " + std::to_string(p.groups) + " at " + dname(dt));
-  Expected want = conv2d(dense(x), dense(w), b.defined() ? b.to_double_vector() : std::vector<double>{}, p);
+  SCOPED_TRACE("conv2d " + label + ": x " + sstr(x.shape()) + ", w " + sstr(w.shape()) +
+               (b.defined() ? ", bias" : "") + ", stride (" + std::to_string(p.stride_h) + ", " +
+               std::to_string(p.stride_w) + "), padding (" + std::to_string(p.pad_h) + ", " +
+               std::to_string(p.pad_w) + "), dilation (" + std::to_string(p.dil_h) + ", " +
+               std::to_string(p.dil_w) + "), groups " + std::to_string(p.groups) + " at " +
+               dname(dt));
+  Expected want =
+      conv2d(dense(x), dense(w), b.defined() ? b.to_double_vector() : std::vector<double>{}, p);
   opforge::Conv2dOptions o;
   o.stride = {p.stride_h, p.stride_w};
   o.padding = {p.pad_h, p.pad_w};
@@ -114,7 +126,8 @@ struct PoolCase {
   PoolParams p;
 };
 
-PoolParams pp(int64_t kh, int64_t kw, int64_t sh = 0, int64_t sw = 0, int64_t ph = 0, int64_t pw = 0) {
+PoolParams pp(int64_t kh, int64_t kw, int64_t sh = 0, int64_t sw = 0, int64_t ph = 0,
+              int64_t pw = 0) {
   PoolParams p;
   p.kernel_h = kh;
   p.kernel_w = kw;
@@ -142,11 +155,14 @@ class PoolTest : public ::testing::TestWithParam<DType> {};
 
 void check_pool(const Tensor& x, PoolParams p, bool is_max, DType dt, const std::string& label) {
   std::string name = is_max ? "max_pool2d" : "avg_pool2d";
-  SCOPED_TRACE(name + " " + label + ": x " + sstr(x.shape()) + ", kernel (" + std::to_string(p.kernel_h) + ", " +
-               std::to_string(p.kernel_w) + "), stride (" + std::to_string(p.stride_h) + ", " +
-               std::to_string(p.stride_w) + "), padding (" + std::to_string(p.pad_h) + ", " + std::to_string(p.pad_w) +
-               ")" + (is_max ? "" : p.count_include_pad ? ", count_include_pad" : ", exclude padding") + " at " +
-               dname(dt));
+  SCOPED_TRACE(name + " " + label + ": x " + sstr(x.shape()) + ", kernel (" +
+               std::to_string(p.kernel_h) + ", " + std::to_string(p.kernel_w) + "), stride (" +
+               std::to_string(p.stride_h) + ", " + std::to_string(p.stride_w) + "), padding (" +
+               std::to_string(p.pad_h) + ", " + std::to_string(p.pad_w) + ")" +
+               (is_max                ? ""
+                : p.count_include_pad ? ", count_include_pad"
+                                      : ", exclude padding") +
+               " at " + dname(dt));
   Expected want = pool2d(dense(x), p, is_max);
   opforge::Pool2dOptions o;
   o.kernel = {p.kernel_h, p.kernel_w};
@@ -186,7 +202,8 @@ TEST_P(PoolTest, MaxPoolIgnoresPaddingOfNegativeImages) {
 
 TEST_P(PoolTest, NonContiguousInput) {
   DType dt = GetParam();
-  Tensor x = random({2, 9, 8, 3}, dt, Data::Normal, "pool nhwc").permute({0, 3, 1, 2});  // [2, 3, 9, 8]
+  Tensor x =
+      random({2, 9, 8, 3}, dt, Data::Normal, "pool nhwc").permute({0, 3, 1, 2});  // [2, 3, 9, 8]
   check_pool(x, pp(3, 3, 2, 2, 1, 1), true, dt, "NHWC view");
   PoolParams p = pp(3, 3, 2, 2, 1, 1);
   p.count_include_pad = false;

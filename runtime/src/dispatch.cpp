@@ -85,7 +85,8 @@ std::string extents_str(const CallExtents& ext) {
 Entry make_entry(const KernelGroup& g, const CallExtents& ext, const std::string& forced) {
   Entry e;
   // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
-  bool exact = std::any_of(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) { return v.name == forced; });
+  bool exact = std::any_of(g.variants.begin(), g.variants.end(),
+                           [&](const VariantInfo& v) { return v.name == forced; });
   for (size_t i = 0; i < g.variants.size(); i++) {
     bool named = exact ? g.variants[i].name == forced : matches_forced(g.variants[i].name, forced);
     if (named && variant_accepts(g.variants[i], ext)) e.eligible.push_back(int(i));
@@ -111,7 +112,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void update_after_timing(Entry& e, int slot, double seconds, bool calibrating, const DispatchPolicy& p) {
+void update_after_timing(Entry& e, int slot, double seconds, bool calibrating,
+                         const DispatchPolicy& p) {
   VariantStats& s = e.stats[slot];
   if (calibrating) {
     s.calibration.push_back(seconds);
@@ -182,7 +184,8 @@ std::vector<DispatchStat> dispatch_stats() {
       auto it = s.calls.find((uint64_t(g->id) << 16) | v);
       if (it == s.calls.end() || it->second.calls == 0) continue;
       const CallStats& c = it->second;
-      out.push_back({g->op->name, g->dtype_key, g->variants[v].name, c.calls, c.timed ? c.seconds / double(c.timed) : 0});
+      out.push_back({g->op->name, g->dtype_key, g->variants[v].name, c.calls,
+                     c.timed ? c.seconds / double(c.timed) : 0});
     }
   }
   return out;
@@ -205,7 +208,8 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
     auto it = s.model.find(key);
     if (it == s.model.end()) {
       it = s.model.emplace(key, make_entry(g, ext, s.forced)).first;
-      if (std::find(s.groups_seen.begin(), s.groups_seen.end(), &g) == s.groups_seen.end()) s.groups_seen.push_back(&g);
+      if (std::find(s.groups_seen.begin(), s.groups_seen.end(), &g) == s.groups_seen.end())
+        s.groups_seen.push_back(&g);
     }
     Entry& e = it->second;
     int n = int(e.eligible.size());
@@ -233,9 +237,11 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   halide_error_message.clear();
   int rc = v.kernel->argv(args);
   if (rc != 0) {
-    std::string msg = halide_error_message.empty() ? "error code " + std::to_string(rc) : halide_error_message;
+    std::string msg =
+        halide_error_message.empty() ? "error code " + std::to_string(rc) : halide_error_message;
     while (!msg.empty() && msg.back() == '\n') msg.pop_back();
-    throw Error(g.op->name + " (" + g.dtype_key + ", variant " + v.name + "): kernel failed: " + msg);
+    throw Error(g.op->name + " (" + g.dtype_key + ", variant " + v.name +
+                "): kernel failed: " + msg);
   }
   if (slot >= 0) {
     double seconds = (s.clock ? s.clock() : steady_seconds()) - t0;

@@ -66,7 +66,8 @@ void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
   }
 }
 
-bool collapse(const Shape& shape, const std::vector<const Shape*>& strides, std::vector<View>& views) {
+bool collapse(const Shape& shape, const std::vector<const Shape*>& strides,
+              std::vector<View>& views) {
   int r = int(shape.size());
   for (auto& v : views) v.n = 0;
   int n = 0;
@@ -121,10 +122,11 @@ Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
         continue;
       }
       std::ostringstream shapes;
-      for (size_t j = 0; j < inputs.size(); j++) shapes << (j ? " and " : "") << shape_str(inputs[j]);
-      OPFORGE_CHECK(false) << op << ": cannot broadcast shapes " << shapes.str() << ": argument " << k
-                           << " has size " << s[i] << " in dimension " << lead + i << " where " << o
-                           << " is expected (or 1)";
+      for (size_t j = 0; j < inputs.size(); j++)
+        shapes << (j ? " and " : "") << shape_str(inputs[j]);
+      OPFORGE_CHECK(false) << op << ": cannot broadcast shapes " << shapes.str() << ": argument "
+                           << k << " has size " << s[i] << " in dimension " << lead + i << " where "
+                           << o << " is expected (or 1)";
     }
   }
   return out;
@@ -145,8 +147,9 @@ CallExtents extents(std::initializer_list<int64_t> e) {
 
 int wrap_axis(const char* op, int axis, int rank) {
   int r = std::max(rank, 1);
-  OPFORGE_CHECK(axis >= -r && axis < r) << op << ": axis " << axis << " is out of range for a tensor of rank "
-                                        << rank << " (expected " << -r << " to " << r - 1 << ")";
+  OPFORGE_CHECK(axis >= -r && axis < r)
+      << op << ": axis " << axis << " is out of range for a tensor of rank " << rank
+      << " (expected " << -r << " to " << r - 1 << ")";
   return axis < 0 ? axis + r : axis;
 }
 

@@ -18,11 +18,16 @@ inline constexpr int kMaxDims = 6;
 
 inline halide_type_t halide_type_of(DType t) {
   switch (t) {
-    case DType::Bool: return {halide_type_uint, 8, 1};
-    case DType::Int32: return {halide_type_int, 32, 1};
-    case DType::Int64: return {halide_type_int, 64, 1};
-    case DType::Float32: return {halide_type_float, 32, 1};
-    case DType::Float64: return {halide_type_float, 64, 1};
+    case DType::Bool:
+      return {halide_type_uint, 8, 1};
+    case DType::Int32:
+      return {halide_type_int, 32, 1};
+    case DType::Int64:
+      return {halide_type_int, 64, 1};
+    case DType::Float32:
+      return {halide_type_float, 32, 1};
+    case DType::Float64:
+      return {halide_type_float, 64, 1};
   }
   return {};
 }
@@ -61,7 +66,8 @@ class KernelArgs {
 
 // Merges adjacent dims of same-shaped views where every view allows it (strides nest), and drops
 // size-1 dims, then pads to exactly kMaxDims dims. Returns false if more than kMaxDims remain.
-bool collapse(const Shape& shape, const std::vector<const Shape*>& strides, std::vector<View>& views);
+bool collapse(const Shape& shape, const std::vector<const Shape*>& strides,
+              std::vector<View>& views);
 
 // Output shape of NumPy broadcasting; the error names the op and the shapes.
 Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs);

@@ -55,23 +55,24 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   static const OpInfo& op = op_info("matmul");
   OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "matmul: an input is undefined";
   OPFORGE_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1)
-      << "matmul: both operands need at least 1 dimension, got shapes " << shape_str(a_in.shape()) << " and "
-      << shape_str(b_in.shape());
+      << "matmul: both operands need at least 1 dimension, got shapes " << shape_str(a_in.shape())
+      << " and " << shape_str(b_in.shape());
   const KernelGroup& g = float_group(op, a_in.dtype(), b_in.dtype());
   Tensor a = a_in.to(g.in_dtype), b = b_in.to(g.in_dtype);
   bool a_vec = a.dim() == 1, b_vec = b.dim() == 1;
   if (a_vec) a = a.unsqueeze(0);
   if (b_vec) b = b.unsqueeze(1);
   int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  OPFORGE_CHECK(b.size(-2) == K) << "matmul: inner dimensions do not match: " << shape_str(a_in.shape()) << " @ "
-                                 << shape_str(b_in.shape()) << " (" << K << " vs " << b.size(-2) << ")";
+  OPFORGE_CHECK(b.size(-2) == K) << "matmul: inner dimensions do not match: "
+                                 << shape_str(a_in.shape()) << " @ " << shape_str(b_in.shape())
+                                 << " (" << K << " vs " << b.size(-2) << ")";
   Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
   Shape batch;
   try {
     batch = broadcast_shapes("matmul", std::vector<Shape>{ab, bb});
   } catch (const Error& e) {
-    throw Error("matmul: the batch dimensions of " + shape_str(a_in.shape()) + " and " + shape_str(b_in.shape()) +
-                " do not broadcast (" + e.what() + ")");
+    throw Error("matmul: the batch dimensions of " + shape_str(a_in.shape()) + " and " +
+                shape_str(b_in.shape()) + " do not broadcast (" + e.what() + ")");
   }
   Shape a_full = batch, b_full = batch, out_shape = batch;
   a_full.insert(a_full.end(), {M, K});
@@ -80,7 +81,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   a = a.expand(a_full);
   b = b.expand(b_full);
   int64_t B = shape_numel(batch);
-  Tensor out = (K == 0) ? Tensor::zeros(out_shape, g.out_dtype) : Tensor::empty(out_shape, g.out_dtype);
+  Tensor out =
+      (K == 0) ? Tensor::zeros(out_shape, g.out_dtype) : Tensor::empty(out_shape, g.out_dtype);
   if (out.numel() > 0 && K > 0) {
     KernelArgs args;
     args.buffer(matrix_view(a, B));
@@ -93,25 +95,27 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double alpha, double beta, bool trans_a,
-            bool trans_b) {
+Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double alpha, double beta,
+            bool trans_a, bool trans_b) {
   static const OpInfo& op = op_info("gemm");
   OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "gemm: an input is undefined";
   OPFORGE_CHECK(a_in.dim() == 2 && b_in.dim() == 2)
-      << "gemm: A and B must be 2-D, got " << shape_str(a_in.shape()) << " and " << shape_str(b_in.shape());
+      << "gemm: A and B must be 2-D, got " << shape_str(a_in.shape()) << " and "
+      << shape_str(b_in.shape());
   const KernelGroup& g = float_group(op, a_in.dtype(), b_in.dtype());
   Tensor a = a_in.to(g.in_dtype), b = b_in.to(g.in_dtype);
   if (trans_a) a = a.transpose(0, 1);
   if (trans_b) b = b.transpose(0, 1);
   int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  OPFORGE_CHECK(b.size(0) == K) << "gemm: inner dimensions do not match: op(A) is " << shape_str(a.shape())
-                                << ", op(B) is " << shape_str(b.shape());
+  OPFORGE_CHECK(b.size(0) == K) << "gemm: inner dimensions do not match: op(A) is "
+                                << shape_str(a.shape()) << ", op(B) is " << shape_str(b.shape());
   Tensor c = c_in.defined() ? c_in.to(g.in_dtype) : Tensor::scalar(0, g.in_dtype);
   if (!c_in.defined()) beta = 0;
   OPFORGE_CHECK(c.dim() <= 2) << "gemm: C must have at most 2 dims, got " << shape_str(c.shape());
   Shape cb = broadcast_shapes("gemm", std::vector<Shape>{c.shape(), {M, N}});
-  OPFORGE_CHECK(cb == Shape({M, N})) << "gemm: C of shape " << shape_str(c.shape())
-                                     << " does not broadcast to the result shape " << shape_str({M, N});
+  OPFORGE_CHECK(cb == Shape({M, N}))
+      << "gemm: C of shape " << shape_str(c.shape()) << " does not broadcast to the result shape "
+      << shape_str({M, N});
   Tensor ce = c.expand({M, N});
   Tensor out = Tensor::empty({M, N}, g.out_dtype);
   if (out.numel() == 0) return out;

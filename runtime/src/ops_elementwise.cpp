@@ -19,7 +19,8 @@ const KernelGroup& resolve_group(const OpInfo& op, DType compute) {
 }
 
 Tensor run_elementwise(const OpInfo& op, std::vector<Tensor> in, const AttrValues& attrs) {
-  OPFORGE_CHECK(op.family == "elementwise") << op.name << " is a " << op.family << " op, not elementwise";
+  OPFORGE_CHECK(op.family == "elementwise")
+      << op.name << " is a " << op.family << " op, not elementwise";
   OPFORGE_CHECK(int(in.size()) == op.num_inputs)
       << op.name << ": expected " << op.num_inputs << " input(s), got " << in.size();
   bool any = false;
@@ -75,38 +76,18 @@ Tensor scalar_for(const Tensor& t, double v) {
 
 }  // namespace
 
-Tensor elementwise(const std::string& name, const std::vector<Tensor>& inputs, const AttrValues& attrs) {
+Tensor elementwise(const std::string& name, const std::vector<Tensor>& inputs,
+                   const AttrValues& attrs) {
   return run_elementwise(op_info(name), inputs, attrs);
 }
 
-#define OPFORGE_UNARY(name)                     \
-  Tensor name(const Tensor& x) {                \
-    static const OpInfo& op = op_info(#name);   \
-    return run_elementwise(op, {x}, {});        \
+#define OPFORGE_DEFINE_UNARY(name)            \
+  Tensor name(const Tensor& x) {              \
+    static const OpInfo& op = op_info(#name); \
+    return run_elementwise(op, {x}, {});      \
   }
-OPFORGE_UNARY(neg)
-OPFORGE_UNARY(abs)
-OPFORGE_UNARY(exp)
-OPFORGE_UNARY(log)
-OPFORGE_UNARY(log1p)
-OPFORGE_UNARY(expm1)
-OPFORGE_UNARY(sqrt)
-OPFORGE_UNARY(rsqrt)
-OPFORGE_UNARY(reciprocal)
-OPFORGE_UNARY(sin)
-OPFORGE_UNARY(cos)
-OPFORGE_UNARY(tanh)
-OPFORGE_UNARY(sigmoid)
-OPFORGE_UNARY(relu)
-OPFORGE_UNARY(gelu)
-OPFORGE_UNARY(softplus)
-OPFORGE_UNARY(erf)
-OPFORGE_UNARY(floor)
-OPFORGE_UNARY(ceil)
-OPFORGE_UNARY(round)
-OPFORGE_UNARY(sign)
-OPFORGE_UNARY(logical_not)
-#undef OPFORGE_UNARY
+OPFORGE_UNARY_OPS(OPFORGE_DEFINE_UNARY)
+#undef OPFORGE_DEFINE_UNARY
 
 Tensor leaky_relu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("leaky_relu");
@@ -122,27 +103,14 @@ Tensor clip(const Tensor& x, double lo, double hi) {
   return run_elementwise(op, {x}, {lo, hi});
 }
 
-#define OPFORGE_BINARY(name)                                                              \
-  Tensor name(const Tensor& a, const Tensor& b) {                                         \
-    static const OpInfo& op = op_info(#name);                                             \
-    return run_elementwise(op, {a, b}, {});                                               \
-  }                                                                                       \
+#define OPFORGE_DEFINE_BINARY(name)               \
+  Tensor name(const Tensor& a, const Tensor& b) { \
+    static const OpInfo& op = op_info(#name);     \
+    return run_elementwise(op, {a, b}, {});       \
+  }                                               \
   Tensor name(const Tensor& a, double b) { return name(a, scalar_for(a, b)); }
-OPFORGE_BINARY(add)
-OPFORGE_BINARY(sub)
-OPFORGE_BINARY(mul)
-OPFORGE_BINARY(div)
-OPFORGE_BINARY(pow)
-OPFORGE_BINARY(maximum)
-OPFORGE_BINARY(minimum)
-OPFORGE_BINARY(mod)
-OPFORGE_BINARY(eq)
-OPFORGE_BINARY(ne)
-OPFORGE_BINARY(lt)
-OPFORGE_BINARY(le)
-OPFORGE_BINARY(gt)
-OPFORGE_BINARY(ge)
-#undef OPFORGE_BINARY
+OPFORGE_BINARY_OPS(OPFORGE_DEFINE_BINARY)
+#undef OPFORGE_DEFINE_BINARY
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_and");
@@ -168,7 +136,8 @@ Tensor cast(const Tensor& x, DType dtype) {
   OPFORGE_CHECK(x.defined()) << "cast: input is undefined";
   if (x.dtype() == dtype) return x;
   static const OpInfo& op = op_info("cast");
-  const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())) + "_to_" + std::string(dtype_name(dtype)));
+  const KernelGroup& g =
+      op.group(std::string(dtype_name(x.dtype())) + "_to_" + std::string(dtype_name(dtype)));
   Tensor out = Tensor::empty(x.shape(), dtype);
   if (out.numel() == 0) return out;
   std::vector<const Shape*> strides = {&x.strides(), &out.strides()};

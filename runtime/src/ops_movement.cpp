@@ -13,7 +13,8 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
   Tensor src = src_in.dtype() == dst.dtype() ? src_in : cast(src_in, dst.dtype());
   Shape b = broadcast_shapes("copy_into", {src, dst});
   OPFORGE_CHECK(b == dst.shape()) << "copy_into: source of shape " << shape_str(src.shape())
-                                  << " does not broadcast to the destination shape " << shape_str(dst.shape());
+                                  << " does not broadcast to the destination shape "
+                                  << shape_str(dst.shape());
   if (dst.numel() == 0) return;
   Tensor s = src.expand(dst.shape());
   std::vector<const Shape*> strides = {&s.strides(), &dst.strides()};
@@ -70,13 +71,15 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
   Shape s = x.shape();
   for (int d = 0; d < x.dim(); d++) {
     OPFORGE_CHECK(pads[d].first >= 0 && pads[d].second >= 0)
-        << "pad: padding of dimension " << d << " is negative (" << pads[d].first << ", " << pads[d].second << ")";
+        << "pad: padding of dimension " << d << " is negative (" << pads[d].first << ", "
+        << pads[d].second << ")";
     s[d] += pads[d].first + pads[d].second;
   }
   Tensor out = Tensor::empty(s, x.dtype());
   copy_into(out, Tensor::scalar(value, x.dtype()));
   Tensor inner = out;
-  for (int d = 0; d < x.dim(); d++) inner = inner.slice(d, pads[d].first, pads[d].first + x.shape()[d]);
+  for (int d = 0; d < x.dim(); d++)
+    inner = inner.slice(d, pads[d].first, pads[d].first + x.shape()[d]);
   copy_into(inner, x);
   return out;
 }
@@ -84,7 +87,8 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
 Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   static const OpInfo& op = op_info("gather");
   OPFORGE_CHECK(x_in.defined() && index.defined()) << "index_select: an input is undefined";
-  OPFORGE_CHECK(index.dim() <= 1) << "index_select: index must be 1-D, got shape " << shape_str(index.shape());
+  OPFORGE_CHECK(index.dim() <= 1) << "index_select: index must be 1-D, got shape "
+                                  << shape_str(index.shape());
   OPFORGE_CHECK(index.dtype() == DType::Int32 || index.dtype() == DType::Int64)
       << "index_select: index must be int32 or int64, got " << dtype_name(index.dtype());
   Tensor x = x_in.dim() == 0 ? x_in.reshape({1}) : x_in;
@@ -94,7 +98,8 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   const int64_t* iv = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < idx.numel(); i++)
     OPFORGE_CHECK(iv[i] >= -n && iv[i] < n)
-        << "index_select: index " << iv[i] << " is out of range for dimension " << ax << " of size " << n;
+        << "index_select: index " << iv[i] << " is out of range for dimension " << ax << " of size "
+        << n;
   x = x.contiguous();
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < ax; d++) outer *= x.shape()[d];

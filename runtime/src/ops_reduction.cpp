@@ -22,17 +22,23 @@ std::vector<int> normalize_axes(const char* op, std::vector<int> axes, int rank)
   for (auto& a : axes) a = wrap_axis(op, a, rank);
   std::sort(axes.begin(), axes.end());
   for (size_t i = 1; i < axes.size(); i++)
-    OPFORGE_CHECK(axes[i] != axes[i - 1]) << op << ": axis " << axes[i] << " appears more than once";
+    OPFORGE_CHECK(axes[i] != axes[i - 1])
+        << op << ": axis " << axes[i] << " appears more than once";
   return axes;
 }
 
 // Results of reducing over nothing, where the op has an identity (NumPy's values).
 bool empty_reduction_value(const std::string& op, double& v) {
-  if (op == "sum") v = 0;
-  else if (op == "prod") v = 1;
-  else if (op == "logsumexp") v = -std::numeric_limits<double>::infinity();
-  else if (op == "mean" || op == "var") v = std::numeric_limits<double>::quiet_NaN();
-  else return false;
+  if (op == "sum")
+    v = 0;
+  else if (op == "prod")
+    v = 1;
+  else if (op == "logsumexp")
+    v = -std::numeric_limits<double>::infinity();
+  else if (op == "mean" || op == "var")
+    v = std::numeric_limits<double>::quiet_NaN();
+  else
+    return false;
   return true;
 }
 
@@ -43,10 +49,11 @@ const KernelGroup& group_for(const OpInfo& op, DType t) {
   return op.group(std::string(dtype_name(t)));
 }
 
-Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims, const AttrValues& attrs,
-                     const std::vector<Tensor>& extra) {
+Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
+                     const AttrValues& attrs, const std::vector<Tensor>& extra) {
   const char* name = op.name.c_str();
-  OPFORGE_CHECK(op.family == "reduction") << op.name << " is a " << op.family << " op, not a reduction";
+  OPFORGE_CHECK(op.family == "reduction")
+      << op.name << " is a " << op.family << " op, not a reduction";
   OPFORGE_CHECK(x.defined()) << name << ": input is undefined";
   const KernelGroup& g = group_for(op, x.dtype());
   if (x.dtype() != g.in_dtype) x = cast(x, g.in_dtype);
@@ -63,8 +70,10 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
     out_shape = x.shape();
   } else if (!scalar_in) {
     for (int d = 0; d < rank; d++) {
-      if (!std::binary_search(axes.begin(), axes.end(), d)) out_shape.push_back(x.shape()[d]);
-      else if (keepdims) out_shape.push_back(1);
+      if (!std::binary_search(axes.begin(), axes.end(), d))
+        out_shape.push_back(x.shape()[d]);
+      else if (keepdims)
+        out_shape.push_back(1);
     }
   }
   if (axes.back() - axes.front() + 1 != int(axes.size())) {
@@ -80,9 +89,12 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   x = x.contiguous();
   int64_t outer = 1, reduced = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
-    if (d < axes.front()) outer *= x.shape()[d];
-    else if (d <= axes.back()) reduced *= x.shape()[d];
-    else inner *= x.shape()[d];
+    if (d < axes.front())
+      outer *= x.shape()[d];
+    else if (d <= axes.back())
+      reduced *= x.shape()[d];
+    else
+      inner *= x.shape()[d];
   }
   Tensor out = Tensor::empty(out_shape, g.out_dtype);
   if (out.numel() == 0) return out;
@@ -96,12 +108,14 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   args.buffer(dense_view(x, {inner, reduced, outer}));
   for (size_t e = 0; e < extra.size(); e++) {
     OPFORGE_CHECK(extra[e].numel() == reduced)
-        << name << ": extra input " << e << " has " << extra[e].numel() << " elements, expected " << reduced;
+        << name << ": extra input " << e << " has " << extra[e].numel() << " elements, expected "
+        << reduced;
     Tensor t = extra[e].to(g.in_dtype).contiguous();
     args.buffer(dense_view(t, {reduced}));
   }
   args.attrs(op, attrs);
-  args.buffer(normalize ? dense_view(out, {inner, reduced, outer}) : dense_view(out, {inner, outer}));
+  args.buffer(normalize ? dense_view(out, {inner, reduced, outer})
+                        : dense_view(out, {inner, outer}));
   dispatch(g, extents({inner, reduced, outer}), args.argv());
   return out;
 }
@@ -125,35 +139,53 @@ Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, 
   return run_reduction(op_info(op), x, std::move(axes), keepdims, attrs, extra);
 }
 
-Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) { return reduce_named("sum", x, axes, keepdims); }
-Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims) { return reduce_named("mean", x, axes, keepdims); }
-Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) { return reduce_named("prod", x, axes, keepdims); }
-Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) { return reduce_named("max", x, axes, keepdims); }
-Tensor min(const Tensor& x, const std::vector<int>& axes, bool keepdims) { return reduce_named("min", x, axes, keepdims); }
+Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce_named("sum", x, axes, keepdims);
+}
+Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce_named("mean", x, axes, keepdims);
+}
+Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce_named("prod", x, axes, keepdims);
+}
+Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce_named("max", x, axes, keepdims);
+}
+Tensor min(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
+  return reduce_named("min", x, axes, keepdims);
+}
 Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
   return reduce_named("logsumexp", x, axes, keepdims);
 }
 Tensor var(const Tensor& x, const std::vector<int>& axes, bool keepdims, double ddof) {
   return reduce_named("var", x, axes, keepdims, {ddof});
 }
-Tensor argmax(const Tensor& x, std::optional<int> axis, bool keepdims) { return arg_reduce("argmax", x, axis, keepdims); }
-Tensor argmin(const Tensor& x, std::optional<int> axis, bool keepdims) { return arg_reduce("argmin", x, axis, keepdims); }
+Tensor argmax(const Tensor& x, std::optional<int> axis, bool keepdims) {
+  return arg_reduce("argmax", x, axis, keepdims);
+}
+Tensor argmin(const Tensor& x, std::optional<int> axis, bool keepdims) {
+  return arg_reduce("argmin", x, axis, keepdims);
+}
 Tensor softmax(const Tensor& x, int axis) { return reduce_named("softmax", x, {axis}, true); }
-Tensor log_softmax(const Tensor& x, int axis) { return reduce_named("log_softmax", x, {axis}, true); }
+Tensor log_softmax(const Tensor& x, int axis) {
+  return reduce_named("log_softmax", x, {axis}, true);
+}
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
   OPFORGE_CHECK(x.defined()) << "layer_norm: input is undefined";
   int k = int(normalized_shape.size());
-  OPFORGE_CHECK(k >= 1 && k <= x.dim()) << "layer_norm: normalized_shape " << shape_str(normalized_shape)
-                                        << " must name 1 to " << x.dim() << " trailing dims of " << shape_str(x.shape());
+  OPFORGE_CHECK(k >= 1 && k <= x.dim())
+      << "layer_norm: normalized_shape " << shape_str(normalized_shape) << " must name 1 to "
+      << x.dim() << " trailing dims of " << shape_str(x.shape());
   for (int i = 0; i < k; i++)
     OPFORGE_CHECK(x.shape()[x.dim() - k + i] == normalized_shape[i])
-        << "layer_norm: normalized_shape " << shape_str(normalized_shape) << " does not match the trailing dims of "
-        << shape_str(x.shape());
+        << "layer_norm: normalized_shape " << shape_str(normalized_shape)
+        << " does not match the trailing dims of " << shape_str(x.shape());
   for (const Tensor* t : {&weight, &bias})
     OPFORGE_CHECK(!t->defined() || t->shape() == normalized_shape)
-        << "layer_norm: " << (t == &weight ? "weight" : "bias") << " has shape " << shape_str(t->shape())
-        << ", expected " << shape_str(normalized_shape);
+        << "layer_norm: " << (t == &weight ? "weight" : "bias") << " has shape "
+        << shape_str(t->shape()) << ", expected " << shape_str(normalized_shape);
   DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
   Tensor w = weight.defined() ? weight : Tensor::ones(normalized_shape, d);
   Tensor b = bias.defined() ? bias : Tensor::zeros(normalized_shape, d);

@@ -31,7 +31,8 @@ int cpu_rank() {
     bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
                   __builtin_cpu_supports("avx512cd");
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("f16c");
     int r = avx512 && avx2 ? 3 : avx2 ? 2 : __builtin_cpu_supports("sse4.1") ? 1 : 0;
     if (const char* cap = std::getenv("OPFORGE_CPU_TARGET")) r = std::min(r, target_rank(cap));
     return r;
@@ -48,26 +49,6 @@ struct Registry {
 Registry& registry_storage() {
   static Registry r;
   return r;
-}
-
-std::vector<AttrInfo> parse_attr_spec(const char* spec) {
-  std::vector<AttrInfo> out;
-  std::string s = spec ? spec : "";
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    std::string item = s.substr(pos, end - pos);
-    AttrInfo a;
-    if (item.size() > 2 && item.compare(item.size() - 2, 2, ":i") == 0) {
-      a.integer = true;
-      item.resize(item.size() - 2);
-    }
-    a.name = item;
-    out.push_back(a);
-    pos = end + 1;
-  }
-  return out;
 }
 
 // How many call extents the family's canonical view has (see the generators' pipelines).
@@ -111,7 +92,8 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       g.out_dtype = k.out_dtype;
       g.id = r.next_group++;
     }
-    auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) { return v.name == k.variant; });
+    auto it = std::find_if(g.variants.begin(), g.variants.end(),
+                           [&](const VariantInfo& v) { return v.name == k.variant; });
     if (it == g.variants.end()) {
       VariantInfo v;
       v.name = k.variant;
@@ -171,9 +153,12 @@ std::vector<const OpInfo*> all_ops() {
 
 std::string cpu_target() {
   switch (cpu_rank()) {
-    case 3: return "avx512";
-    case 2: return "avx2";
-    case 1: return "sse41";
+    case 3:
+      return "avx512";
+    case 2:
+      return "avx2";
+    case 1:
+      return "sse41";
   }
   return "none";
 }

@@ -47,12 +47,11 @@ bool parse_dtype(std::string_view name, DType& out) {
     std::string_view name;
     DType t;
   };
-  static constexpr Alias aliases[] = {{"bool", DType::Bool},       {"int32", DType::Int32},
-                                      {"i32", DType::Int32},       {"int64", DType::Int64},
-                                      {"i64", DType::Int64},       {"float32", DType::Float32},
-                                      {"f32", DType::Float32},     {"float", DType::Float32},
-                                      {"float64", DType::Float64}, {"f64", DType::Float64},
-                                      {"double", DType::Float64}};
+  static constexpr Alias aliases[] = {
+      {"bool", DType::Bool},   {"int32", DType::Int32},   {"i32", DType::Int32},
+      {"int64", DType::Int64}, {"i64", DType::Int64},     {"float32", DType::Float32},
+      {"f32", DType::Float32}, {"float", DType::Float32}, {"float64", DType::Float64},
+      {"f64", DType::Float64}, {"double", DType::Float64}};
   for (const auto& a : aliases)
     if (a.name == name) {
       out = a.t;
@@ -62,15 +61,21 @@ bool parse_dtype(std::string_view name, DType& out) {
 }
 
 Tensor::Tensor(std::shared_ptr<Storage> s, DType d, Shape shape, Shape strides, int64_t offset)
-    : storage_(std::move(s)), dtype_(d), shape_(std::move(shape)), strides_(std::move(strides)), offset_(offset) {}
+    : storage_(std::move(s)),
+      dtype_(d),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset) {}
 
 namespace {
 void check_shape(const Shape& shape, const char* what) {
-  for (auto d : shape) OPFORGE_CHECK(d >= 0) << what << ": shape " << shape_str(shape) << " has a negative dimension";
+  for (auto d : shape)
+    OPFORGE_CHECK(d >= 0) << what << ": shape " << shape_str(shape) << " has a negative dimension";
 }
 int wrap_dim(int d, int rank, const char* what) {
   int r = std::max(rank, 1);
-  OPFORGE_CHECK(d >= -r && d < r) << what << ": dimension " << d << " is out of range for a tensor of rank " << rank
+  OPFORGE_CHECK(d >= -r && d < r) << what << ": dimension " << d
+                                  << " is out of range for a tensor of rank " << rank
                                   << " (expected " << -r << " to " << r - 1 << ")";
   return d < 0 ? d + r : d;
 }
@@ -98,11 +103,16 @@ void for_each_value(DType t, void* p, int64_t n, F&& f) {
 
 double load_as_double(DType t, const char* p) {
   switch (t) {
-    case DType::Bool: return *reinterpret_cast<const uint8_t*>(p);
-    case DType::Int32: return *reinterpret_cast<const int32_t*>(p);
-    case DType::Int64: return double(*reinterpret_cast<const int64_t*>(p));
-    case DType::Float32: return *reinterpret_cast<const float*>(p);
-    case DType::Float64: return *reinterpret_cast<const double*>(p);
+    case DType::Bool:
+      return *reinterpret_cast<const uint8_t*>(p);
+    case DType::Int32:
+      return *reinterpret_cast<const int32_t*>(p);
+    case DType::Int64:
+      return double(*reinterpret_cast<const int64_t*>(p));
+    case DType::Float32:
+      return *reinterpret_cast<const float*>(p);
+    case DType::Float64:
+      return *reinterpret_cast<const double*>(p);
   }
   return 0;
 }
@@ -163,7 +173,8 @@ Tensor Tensor::arange(double start, double stop, double step, DType dtype) {
 Tensor Tensor::rand(const Shape& shape, DType dtype, Generator& g) {
   Tensor t = empty(shape, dtype);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  OPFORGE_CHECK(is_floating(dtype)) << "rand: dtype " << dtype_name(dtype) << " is not a floating type";
+  OPFORGE_CHECK(is_floating(dtype))
+      << "rand: dtype " << dtype_name(dtype) << " is not a floating type";
   for_each_value(dtype, t.data(), t.numel(), [&](int64_t) { return u(g.engine()); });
   return t;
 }
@@ -171,7 +182,8 @@ Tensor Tensor::rand(const Shape& shape, DType dtype, Generator& g) {
 Tensor Tensor::randn(const Shape& shape, DType dtype, Generator& g) {
   Tensor t = empty(shape, dtype);
   std::normal_distribution<double> nd(0.0, 1.0);
-  OPFORGE_CHECK(is_floating(dtype)) << "randn: dtype " << dtype_name(dtype) << " is not a floating type";
+  OPFORGE_CHECK(is_floating(dtype))
+      << "randn: dtype " << dtype_name(dtype) << " is not a floating type";
   for_each_value(dtype, t.data(), t.numel(), [&](int64_t) { return nd(g.engine()); });
   return t;
 }
@@ -195,7 +207,8 @@ void* Tensor::data() const {
 }
 
 void Tensor::check_type(DType t) const {
-  OPFORGE_CHECK(t == dtype_) << "tensor has dtype " << dtype_name(dtype_) << ", accessed as " << dtype_name(t);
+  OPFORGE_CHECK(t == dtype_) << "tensor has dtype " << dtype_name(dtype_) << ", accessed as "
+                             << dtype_name(t);
 }
 
 namespace {
@@ -204,10 +217,12 @@ Shape infer_shape(Shape shape, int64_t numel, const char* what) {
   int64_t known = 1;
   for (size_t i = 0; i < shape.size(); i++) {
     if (shape[i] == -1) {
-      OPFORGE_CHECK(infer < 0) << what << ": only one dimension can be -1, got " << shape_str(shape);
+      OPFORGE_CHECK(infer < 0) << what << ": only one dimension can be -1, got "
+                               << shape_str(shape);
       infer = int(i);
     } else {
-      OPFORGE_CHECK(shape[i] >= 0) << what << ": invalid dimension " << shape[i] << " in " << shape_str(shape);
+      OPFORGE_CHECK(shape[i] >= 0)
+          << what << ": invalid dimension " << shape[i] << " in " << shape_str(shape);
       known *= shape[i];
     }
   }
@@ -217,14 +232,15 @@ Shape infer_shape(Shape shape, int64_t numel, const char* what) {
     shape[infer] = numel / known;
   }
   OPFORGE_CHECK(shape_numel(shape) == numel)
-      << what << ": shape " << shape_str(shape) << " has " << shape_numel(shape) << " elements, the tensor has "
-      << numel;
+      << what << ": shape " << shape_str(shape) << " has " << shape_numel(shape)
+      << " elements, the tensor has " << numel;
   return shape;
 }
 
 // Strides for viewing (shape, strides) as new_shape without copying, if possible (the algorithm
 // of PyTorch's computeStride: split the old dims into chunks that are contiguous in memory).
-bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape, Shape& out) {
+bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape,
+                  Shape& out) {
   out.assign(new_shape.size(), 0);
   if (shape_numel(old_shape) == 0 || old_shape.empty()) {
     out = contiguous_strides(new_shape);
@@ -294,7 +310,8 @@ Tensor Tensor::permute(const std::vector<int>& dims) const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   OPFORGE_CHECK(shape.size() >= shape_.size())
-      << "expand: cannot expand shape " << shape_str(shape_) << " to fewer dimensions " << shape_str(shape);
+      << "expand: cannot expand shape " << shape_str(shape_) << " to fewer dimensions "
+      << shape_str(shape);
   size_t lead = shape.size() - shape_.size();
   Shape st(shape.size(), 0), s = shape;
   for (size_t i = 0; i < shape.size(); i++) {
@@ -307,8 +324,9 @@ Tensor Tensor::expand(const Shape& shape) const {
     if (have == s[i]) {
       st[i] = strides_[i - lead];
     } else {
-      OPFORGE_CHECK(have == 1) << "expand: dimension " << i - lead << " of shape " << shape_str(shape_)
-                               << " has size " << have << " and cannot be expanded to " << shape[i]
+      OPFORGE_CHECK(have == 1) << "expand: dimension " << i - lead << " of shape "
+                               << shape_str(shape_) << " has size " << have
+                               << " and cannot be expanded to " << shape[i]
                                << " (only size-1 dimensions expand)";
     }
   }
@@ -374,7 +392,8 @@ Tensor Tensor::to(DType d) const { return d == dtype_ ? *this : cast(*this, d); 
 
 void Tensor::copy_to_host(void* dst, size_t bytes) const {
   size_t need = size_t(numel()) * element_size();
-  OPFORGE_CHECK(bytes == need) << "copy_to_host: buffer of " << bytes << " bytes for a tensor of " << need << " bytes";
+  OPFORGE_CHECK(bytes == need) << "copy_to_host: buffer of " << bytes << " bytes for a tensor of "
+                               << need << " bytes";
   if (need == 0) return;
   if (is_contiguous()) {
     std::memcpy(dst, data(), need);
@@ -386,9 +405,11 @@ void Tensor::copy_to_host(void* dst, size_t bytes) const {
 
 void Tensor::copy_from_host(const void* src, size_t bytes) {
   size_t need = size_t(numel()) * element_size();
-  OPFORGE_CHECK(bytes == need) << "copy_from_host: " << bytes << " bytes for a tensor of " << need << " bytes";
-  OPFORGE_CHECK(is_contiguous()) << "copy_from_host: the tensor must be contiguous; copy into contiguous() "
-                                    "and use copy_into for views";
+  OPFORGE_CHECK(bytes == need) << "copy_from_host: " << bytes << " bytes for a tensor of " << need
+                               << " bytes";
+  OPFORGE_CHECK(is_contiguous())
+      << "copy_from_host: the tensor must be contiguous; copy into contiguous() "
+         "and use copy_into for views";
   if (need) std::memcpy(data(), src, need);
 }
 

@@ -13,7 +13,8 @@ int main() {
   Tensor b = Tensor::randn({10}, DType::Float32, gen);
   Tensor y = softmax(gelu(add(matmul(x, w), b)), -1);
 
-  auto xv = x.to_double_vector(), wv = w.to_double_vector(), bv = b.to_double_vector(), yv = y.to_double_vector();
+  auto xv = x.to_double_vector(), wv = w.to_double_vector(), bv = b.to_double_vector(),
+       yv = y.to_double_vector();
   double worst = 0;
   for (int i = 0; i < 16; i++) {
     double h[10], total = 0, mx = -INFINITY;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "opforge/dtype.hpp"
+#include "opforge/kernel_abi.hpp"
 
 namespace opforge::dsl {
 
@@ -22,11 +23,16 @@ enum class Family { elementwise, reduction, contraction, window, movement };
 
 inline const char* family_name(Family f) {
   switch (f) {
-    case Family::elementwise: return "elementwise";
-    case Family::reduction: return "reduction";
-    case Family::contraction: return "contraction";
-    case Family::window: return "window";
-    case Family::movement: return "movement";
+    case Family::elementwise:
+      return "elementwise";
+    case Family::reduction:
+      return "reduction";
+    case Family::contraction:
+      return "contraction";
+    case Family::window:
+      return "window";
+    case Family::movement:
+      return "movement";
   }
   return "?";
 }
@@ -51,11 +57,16 @@ Type halide_type() {
 
 inline Type halide_type(DType t) {
   switch (t) {
-    case DType::Bool: return Halide::UInt(8);
-    case DType::Int32: return Halide::Int(32);
-    case DType::Int64: return Halide::Int(64);
-    case DType::Float32: return Halide::Float(32);
-    case DType::Float64: return Halide::Float(64);
+    case DType::Bool:
+      return Halide::UInt(8);
+    case DType::Int32:
+      return Halide::Int(32);
+    case DType::Int64:
+      return Halide::Int(64);
+    case DType::Float32:
+      return Halide::Float(32);
+    case DType::Float64:
+      return Halide::Float(64);
   }
   return Type();
 }
@@ -81,31 +92,6 @@ struct Attrs {
 };
 
 inline Expr as_bool(const Expr& e) { return Halide::cast(Halide::UInt(8), e); }
-
-// Attribute lists are written "alpha" or "min,max"; a ":i" suffix marks an integer attribute.
-struct AttrSpec {
-  std::string name;
-  bool integer = false;
-};
-inline std::vector<AttrSpec> parse_attrs(const char* spec) {
-  std::vector<AttrSpec> out;
-  std::string s = spec ? spec : "";
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    std::string item = s.substr(pos, end - pos);
-    AttrSpec a;
-    if (item.size() > 2 && item.substr(item.size() - 2) == ":i") {
-      a.integer = true;
-      item.resize(item.size() - 2);
-    }
-    a.name = item;
-    out.push_back(a);
-    pos = end + 1;
-  }
-  return out;
-}
 
 // ---- elementwise: out(x) = fn(in_0(x), ..., in_{n-1}(x)) over broadcast views ----
 struct EwArgs {
@@ -179,8 +165,7 @@ constexpr auto reduce(const char* name, Dtypes d, Fn fn, OutRule out = same,
 template <class Dtypes, class Fn>
 constexpr auto normalize(const char* name, Dtypes d, Fn fn, const char* attrs = "",
                          int extra_inputs = 0) {
-  return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, attrs, same, fn,
-                                 extra_inputs};
+  return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, attrs, same, fn, extra_inputs};
 }
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----
@@ -216,11 +201,11 @@ constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool h
 
 // ---- window: N, C, H, W images; Halide order in(w, h, c, n) ----
 struct WindowArgs {
-  Func in;                // in(w, h, c, n), zero outside the image
-  Func weight;            // weight(kw, kh, ci, co), conv only
-  Func bias;              // bias(co), conv only
-  Expr in_w, in_h, in_c;  // input extents
-  Expr out_c;             // output channels (conv: weight's dim 3)
+  Func in;                  // in(w, h, c, n), zero outside the image
+  Func weight;              // weight(kw, kh, ci, co), conv only
+  Func bias;                // bias(co), conv only
+  Expr in_w, in_h, in_c;    // input extents
+  Expr out_c;               // output channels (conv: weight's dim 3)
   Expr kernel_w, kernel_h;  // conv: weight's extents; pool: the kernel_h, kernel_w attributes
   Halide::Var w, h, c, n;
   Attrs attr;

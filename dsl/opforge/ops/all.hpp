@@ -7,8 +7,8 @@
 #include "opforge/ops/window.hpp"
 
 namespace opforge::ops {
-inline const auto all_ops =
-    hana::concat(hana::concat(hana::concat(hana::concat(elementwise_ops, reduction_ops), contraction_ops),
-                              window_ops),
-                 movement_ops);
+inline const auto all_ops = hana::concat(
+    hana::concat(hana::concat(hana::concat(elementwise_ops, reduction_ops), contraction_ops),
+                 window_ops),
+    movement_ops);
 }  // namespace opforge::ops

@@ -15,18 +15,19 @@ inline Func product(const ContractionArgs& a) {
 }
 }  // namespace detail
 
-inline const auto contraction_ops = hana::make_tuple(
-    contraction("matmul", floats, "", false,
-                [](const ContractionArgs& a) {
-                  Func acc = detail::product(a), out("out");
-                  out(a.n, a.m, a.batch) = acc(a.n, a.m, a.batch);
-                  return AccOut{acc, out};
-                }),
-    // out = alpha * A B + beta * C
-    contraction("gemm", floats, "alpha,beta", true, [](const ContractionArgs& a) {
-      Func acc = detail::product(a), out("out");
-      out(a.n, a.m, a.batch) = a.attr["alpha"] * acc(a.n, a.m, a.batch) + a.attr["beta"] * a.c(a.n, a.m, a.batch);
-      return AccOut{acc, out};
-    }));
+inline const auto contraction_ops =
+    hana::make_tuple(contraction("matmul", floats, "", false,
+                                 [](const ContractionArgs& a) {
+                                   Func acc = detail::product(a), out("out");
+                                   out(a.n, a.m, a.batch) = acc(a.n, a.m, a.batch);
+                                   return AccOut{acc, out};
+                                 }),
+                     // out = alpha * A B + beta * C
+                     contraction("gemm", floats, "alpha,beta", true, [](const ContractionArgs& a) {
+                       Func acc = detail::product(a), out("out");
+                       out(a.n, a.m, a.batch) = a.attr["alpha"] * acc(a.n, a.m, a.batch) +
+                                                a.attr["beta"] * a.c(a.n, a.m, a.batch);
+                       return AccOut{acc, out};
+                     }));
 
 }  // namespace opforge::ops

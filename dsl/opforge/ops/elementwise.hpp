@@ -10,11 +10,15 @@ namespace detail {
 // NaN-propagating max/min (NumPy maximum/minimum, PyTorch clamp semantics).
 inline Expr nan_max(const EwArgs& a) {
   Expr m = select(a[0] > a[1], a[0], a[1]);
-  return a.type.is_float() ? select(Halide::is_nan(a[0]), a[0], select(Halide::is_nan(a[1]), a[1], m)) : m;
+  return a.type.is_float()
+             ? select(Halide::is_nan(a[0]), a[0], select(Halide::is_nan(a[1]), a[1], m))
+             : m;
 }
 inline Expr nan_min(const EwArgs& a) {
   Expr m = select(a[0] < a[1], a[0], a[1]);
-  return a.type.is_float() ? select(Halide::is_nan(a[0]), a[0], select(Halide::is_nan(a[1]), a[1], m)) : m;
+  return a.type.is_float()
+             ? select(Halide::is_nan(a[0]), a[0], select(Halide::is_nan(a[1]), a[1], m))
+             : m;
 }
 inline Expr erf_any(const Expr& x) {
   return x.type() == Halide::Float(32) ? Halide::erf(Halide::clamp(x, -10, 10)) : libm("erf", x);
@@ -37,18 +41,25 @@ inline Expr py_div(const EwArgs& a) {
 // values; these pin NaN, the infinities and overflow to IEEE results.
 inline Expr inf_of(const Expr& x) { return Halide::cast(x.type(), INFINITY); }
 inline Expr special(const Expr& x, const Expr& v, const Expr& at_pos_inf, const Expr& at_neg_inf) {
-  return select(Halide::is_nan(x), x, x == inf_of(x), Halide::cast(x.type(), at_pos_inf), x == -inf_of(x),
-                Halide::cast(x.type(), at_neg_inf), v);
+  return select(Halide::is_nan(x), x, x == inf_of(x), Halide::cast(x.type(), at_pos_inf),
+                x == -inf_of(x), Halide::cast(x.type(), at_neg_inf), v);
 }
 inline Expr safe_exp(const Expr& x) {
   bool f32 = x.type() == Halide::Float(32);
-  Expr hi = Halide::cast(x.type(), Expr(f32 ? 88.72 : 709.78)), lo = Halide::cast(x.type(), Expr(f32 ? -103.9 : -745.1));
+  Expr hi = Halide::cast(x.type(), Expr(f32 ? 88.72 : 709.78)),
+       lo = Halide::cast(x.type(), Expr(f32 ? -103.9 : -745.1));
   Expr zero = Halide::cast(x.type(), 0);
   return special(x, select(x > hi, inf_of(x), x < lo, zero, Halide::exp(x)), inf_of(x), zero);
 }
 inline Expr safe_log(const Expr& x) {
   Expr nan = Halide::cast(x.type(), NAN);
   return special(x, select(x < 0, nan, x == 0, -inf_of(x), Halide::log(x)), inf_of(x), nan);
+}
+// Halide 14 compares floats as unordered-or-equal (NaN == x is true) even with strict_float;
+// IEEE says a NaN equals nothing.
+inline Expr ieee_eq(const EwArgs& a) {
+  if (!a.type.is_float()) return a[0] == a[1];
+  return a[0] == a[1] && !Halide::is_nan(a[0]) && !Halide::is_nan(a[1]);
 }
 inline Expr truthy(const Expr& e) { return e != Halide::cast(e.type(), 0); }
 }  // namespace detail
@@ -63,23 +74,35 @@ inline const auto elementwise_ops = hana::make_tuple(
     unary("sqrt", floats, [](const EwArgs& a) { return Halide::sqrt(a[0]); }),
     unary("rsqrt", floats, [](const EwArgs& a) { return 1 / Halide::sqrt(a[0]); }),
     unary("reciprocal", floats, [](const EwArgs& a) { return 1 / a[0]; }),
-    unary("sin", floats, [](const EwArgs& a) { return detail::special(a[0], Halide::sin(a[0]), NAN, NAN); }),
-    unary("cos", floats, [](const EwArgs& a) { return detail::special(a[0], Halide::cos(a[0]), NAN, NAN); }),
+    unary("sin", floats,
+          [](const EwArgs& a) { return detail::special(a[0], Halide::sin(a[0]), NAN, NAN); }),
+    unary("cos", floats,
+          [](const EwArgs& a) { return detail::special(a[0], Halide::cos(a[0]), NAN, NAN); }),
     unary("tanh", floats,
-          [](const EwArgs& a) { return detail::special(a[0], Halide::tanh(Halide::clamp(a[0], -20, 20)), 1, -1); }),
+          [](const EwArgs& a) {
+            return detail::special(a[0], Halide::tanh(Halide::clamp(a[0], -20, 20)), 1, -1);
+          }),
     unary("sigmoid", floats, [](const EwArgs& a) { return 1 / (1 + detail::safe_exp(-a[0])); }),
-    unary("relu", numeric, [](const EwArgs& a) { return select(a[0] < 0, Halide::cast(a.type, 0), a[0]); }),
+    unary("relu", numeric,
+          [](const EwArgs& a) { return select(a[0] < 0, Halide::cast(a.type, 0), a[0]); }),
     unary_attr("leaky_relu", floats, "alpha",
                [](const EwArgs& a) { return select(a[0] < 0, a[0] * a.attr["alpha"], a[0]); }),
     unary_attr("elu", floats, "alpha",
-               [](const EwArgs& a) { return select(a[0] < 0, a.attr["alpha"] * libm("expm1", a[0]), a[0]); }),
+               [](const EwArgs& a) {
+                 return select(a[0] < 0, a.attr["alpha"] * libm("expm1", a[0]), a[0]);
+               }),
     unary("gelu", floats,
-          [](const EwArgs& a) { return a[0] * Halide::cast(a.type, Expr(0.5)) * (1 + detail::erf_any(a[0] * Halide::cast(a.type, Expr(M_SQRT1_2)))); }),
+          [](const EwArgs& a) {
+            return a[0] * Halide::cast(a.type, Expr(0.5)) *
+                   (1 + detail::erf_any(a[0] * Halide::cast(a.type, Expr(M_SQRT1_2))));
+          }),
     unary("softplus", floats,
           [](const EwArgs& a) {
-            return select(a[0] > 0, a[0], Halide::cast(a.type, 0)) + libm("log1p", detail::safe_exp(-Halide::abs(a[0])));
+            return select(a[0] > 0, a[0], Halide::cast(a.type, 0)) +
+                   libm("log1p", detail::safe_exp(-Halide::abs(a[0])));
           }),
-    unary("erf", floats, [](const EwArgs& a) { return detail::special(a[0], detail::erf_any(a[0]), 1, -1); }),
+    unary("erf", floats,
+          [](const EwArgs& a) { return detail::special(a[0], detail::erf_any(a[0]), 1, -1); }),
     unary("floor", floats, [](const EwArgs& a) { return Halide::floor(a[0]); }),
     unary("ceil", floats, [](const EwArgs& a) { return Halide::ceil(a[0]); }),
     unary("round", floats, [](const EwArgs& a) { return Halide::round(a[0]); }),
@@ -90,18 +113,17 @@ inline const auto elementwise_ops = hana::make_tuple(
           }),
     unary_attr("clip", numeric, "min,max",
                [](const EwArgs& a) {
-                 return select(a[0] < a.attr["min"], a.attr["min"], a[0] > a.attr["max"], a.attr["max"], a[0]);
+                 return select(a[0]<a.attr["min"], a.attr["min"], a[0]> a.attr["max"],
+                               a.attr["max"], a[0]);
                }),
     binary("pow", floats, [](const EwArgs& a) { return Halide::pow(a[0], a[1]); }),
     binary("add", numeric, [](const EwArgs& a) { return a[0] + a[1]; }),
     binary("sub", numeric, [](const EwArgs& a) { return a[0] - a[1]; }),
     binary("mul", numeric, [](const EwArgs& a) { return a[0] * a[1]; }),
-    binary("div", numeric, detail::py_div),
-    binary("maximum", numeric, detail::nan_max),
-    binary("minimum", numeric, detail::nan_min),
-    binary("mod", numeric, detail::py_mod),
-    compare("eq", all_types, [](const EwArgs& a) { return a[0] == a[1]; }),
-    compare("ne", all_types, [](const EwArgs& a) { return a[0] != a[1]; }),
+    binary("div", numeric, detail::py_div), binary("maximum", numeric, detail::nan_max),
+    binary("minimum", numeric, detail::nan_min), binary("mod", numeric, detail::py_mod),
+    compare("eq", all_types, detail::ieee_eq),
+    compare("ne", all_types, [](const EwArgs& a) { return !detail::ieee_eq(a); }),
     compare("lt", numeric, [](const EwArgs& a) { return a[0] < a[1]; }),
     compare("le", numeric, [](const EwArgs& a) { return a[0] <= a[1]; }),
     compare("gt", numeric, [](const EwArgs& a) { return a[0] > a[1]; }),

@@ -6,7 +6,8 @@
 namespace opforge::ops {
 using namespace opforge::dsl;
 
-inline const auto movement_ops = hana::make_tuple(movement("copy", MovementKind::copy, all_types),
-                                                  movement("gather", MovementKind::gather, all_types));
+inline const auto movement_ops =
+    hana::make_tuple(movement("copy", MovementKind::copy, all_types),
+                     movement("gather", MovementKind::gather, all_types));
 
 }  // namespace opforge::ops

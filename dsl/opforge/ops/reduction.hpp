@@ -23,24 +23,37 @@ inline Expr nan_aware(const RedArgs& a, const Expr& v) {
 }  // namespace detail
 
 inline const auto reduction_ops = hana::make_tuple(
-    reduce("sum", numeric, [](const RedArgs& a) { return Halide::sum(Halide::cast(a.out_type, a.x(a.r))); }, widen_int),
+    reduce(
+        "sum", numeric,
+        [](const RedArgs& a) { return Halide::sum(Halide::cast(a.out_type, a.x(a.r))); },
+        widen_int),
     reduce("mean", floats, [](const RedArgs& a) { return detail::mean(a); }),
-    reduce("prod", numeric, [](const RedArgs& a) { return Halide::product(Halide::cast(a.out_type, a.x(a.r))); }, widen_int),
-    reduce("max", numeric, [](const RedArgs& a) { return detail::nan_aware(a, Halide::maximum(a.x(a.r))); }),
-    reduce("min", numeric, [](const RedArgs& a) { return detail::nan_aware(a, Halide::minimum(a.x(a.r))); }),
-    reduce("argmax", numeric, [](const RedArgs& a) { return Halide::argmax(a.r, a.x(a.r))[0]; }, to_int64),
-    reduce("argmin", numeric, [](const RedArgs& a) { return Halide::argmin(a.r, a.x(a.r))[0]; }, to_int64),
+    reduce(
+        "prod", numeric,
+        [](const RedArgs& a) { return Halide::product(Halide::cast(a.out_type, a.x(a.r))); },
+        widen_int),
+    reduce("max", numeric,
+           [](const RedArgs& a) { return detail::nan_aware(a, Halide::maximum(a.x(a.r))); }),
+    reduce("min", numeric,
+           [](const RedArgs& a) { return detail::nan_aware(a, Halide::minimum(a.x(a.r))); }),
+    reduce(
+        "argmax", numeric, [](const RedArgs& a) { return Halide::argmax(a.r, a.x(a.r))[0]; },
+        to_int64),
+    reduce(
+        "argmin", numeric, [](const RedArgs& a) { return Halide::argmin(a.r, a.x(a.r))[0]; },
+        to_int64),
     reduce("logsumexp", floats,
            [](const RedArgs& a) {
              Expr m = detail::finite_max(a);
              return m + Halide::log(Halide::sum(Halide::exp(a.x(a.r) - m)));
            }),
-    reduce("var", floats,
-           [](const RedArgs& a) {
-             Expr d = a.x(a.r) - detail::mean(a);
-             return Halide::sum(d * d) / (Halide::cast(a.type, a.n) - a.attr["ddof"]);
-           },
-           same, "ddof"),
+    reduce(
+        "var", floats,
+        [](const RedArgs& a) {
+          Expr d = a.x(a.r) - detail::mean(a);
+          return Halide::sum(d * d) / (Halide::cast(a.type, a.n) - a.attr["ddof"]);
+        },
+        same, "ddof"),
     normalize("softmax", floats,
               [](const RedArgs& a) {
                 Expr m = detail::finite_max(a);
@@ -52,13 +65,15 @@ inline const auto reduction_ops = hana::make_tuple(
                 return a.x(a.k) - m - Halide::log(Halide::sum(Halide::exp(a.x(a.r) - m)));
               }),
     // extra inputs: weight(k), bias(k); attribute: eps
-    normalize("layer_norm", floats,
-              [](const RedArgs& a) {
-                Expr mu = detail::mean(a);
-                Expr d = a.x(a.r) - mu;
-                Expr var = Halide::sum(d * d) / Halide::cast(a.type, a.n);
-                return (a.x(a.k) - mu) / Halide::sqrt(var + a.attr["eps"]) * a.extra[0](a.k) + a.extra[1](a.k);
-              },
-              "eps", 2));
+    normalize(
+        "layer_norm", floats,
+        [](const RedArgs& a) {
+          Expr mu = detail::mean(a);
+          Expr d = a.x(a.r) - mu;
+          Expr var = Halide::sum(d * d) / Halide::cast(a.type, a.n);
+          return (a.x(a.k) - mu) / Halide::sqrt(var + a.attr["eps"]) * a.extra[0](a.k) +
+                 a.extra[1](a.k);
+        },
+        "eps", 2));
 
 }  // namespace opforge::ops

@@ -23,15 +23,15 @@ using Clock = std::function<double()>;
 void set_clock(Clock clock);  // an empty function restores the steady clock
 
 // Forces a variant by name for every op that has it. A name that no variant of an op has exactly
-// acts as a prefix: "adams2019" selects among "adams2019_s128" and "adams2019_s1024". Empty string: automatic selection. The environment variable
-// OPFORGE_VARIANT sets the initial value.
+// acts as a prefix: "adams2019" selects among "adams2019_s128" and "adams2019_s1024". Empty string:
+// automatic selection. The environment variable OPFORGE_VARIANT sets the initial value.
 void force_variant(const std::string& name);
 std::string forced_variant();
 
 struct DispatchPolicy {
-  int calibration_runs = 3;     // timed runs of each eligible variant in a new bucket
-  int retime_every = 128;       // re-time the chosen variant every N calls
-  int explore_every = 2048;     // time another variant every N calls
+  int calibration_runs = 3;  // timed runs of each eligible variant in a new bucket
+  int retime_every = 128;    // re-time the chosen variant every N calls
+  int explore_every = 2048;  // time another variant every N calls
 };
 void set_dispatch_policy(const DispatchPolicy& p);
 void reset_performance_model();

@@ -14,22 +14,32 @@ inline constexpr DType kAllDTypes[] = {DType::Bool, DType::Int32, DType::Int64, 
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::Bool: return "bool";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
+    case DType::Bool:
+      return "bool";
+    case DType::Int32:
+      return "int32";
+    case DType::Int64:
+      return "int64";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
   }
   return "?";
 }
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::Bool: return 1;
-    case DType::Int32: return 4;
-    case DType::Int64: return 8;
-    case DType::Float32: return 4;
-    case DType::Float64: return 8;
+    case DType::Bool:
+      return 1;
+    case DType::Int32:
+      return 4;
+    case DType::Int64:
+      return 8;
+    case DType::Float32:
+      return 4;
+    case DType::Float64:
+      return 8;
   }
   return 0;
 }
@@ -45,15 +55,25 @@ bool parse_dtype(std::string_view name, DType& out);
 template <class T>
 struct dtype_of;
 template <>
-struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
 template <>
-struct dtype_of<int32_t> { static constexpr DType value = DType::Int32; };
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
 template <>
-struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::Int64;
+};
 template <>
-struct dtype_of<float> { static constexpr DType value = DType::Float32; };
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
 template <>
-struct dtype_of<double> { static constexpr DType value = DType::Float64; };
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
 template <class T>
 inline constexpr DType dtype_of_v = dtype_of<T>::value;
 

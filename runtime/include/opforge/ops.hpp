@@ -15,58 +15,35 @@ namespace opforge {
 using AttrValues = std::vector<double>;
 
 // ---- family entry points (any registered op, by name) ----
-Tensor elementwise(const std::string& op, const std::vector<Tensor>& inputs, const AttrValues& attrs = {});
+Tensor elementwise(const std::string& op, const std::vector<Tensor>& inputs,
+                   const AttrValues& attrs = {});
 // Reduces over `axes` (all when empty). Normalising ops (softmax, layer_norm) take one axis block.
 Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, bool keepdims,
                  const AttrValues& attrs = {}, const std::vector<Tensor>& extra = {});
 
 // ---- elementwise ----
-#define OPFORGE_UNARY(name) Tensor name(const Tensor& x);
-OPFORGE_UNARY(neg)
-OPFORGE_UNARY(abs)
-OPFORGE_UNARY(exp)
-OPFORGE_UNARY(log)
-OPFORGE_UNARY(log1p)
-OPFORGE_UNARY(expm1)
-OPFORGE_UNARY(sqrt)
-OPFORGE_UNARY(rsqrt)
-OPFORGE_UNARY(reciprocal)
-OPFORGE_UNARY(sin)
-OPFORGE_UNARY(cos)
-OPFORGE_UNARY(tanh)
-OPFORGE_UNARY(sigmoid)
-OPFORGE_UNARY(relu)
-OPFORGE_UNARY(gelu)
-OPFORGE_UNARY(softplus)
-OPFORGE_UNARY(erf)
-OPFORGE_UNARY(floor)
-OPFORGE_UNARY(ceil)
-OPFORGE_UNARY(round)
-OPFORGE_UNARY(sign)
-OPFORGE_UNARY(logical_not)
-#undef OPFORGE_UNARY
+// The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
+#define OPFORGE_UNARY_OPS(X)                                                                  \
+  X(neg)                                                                                      \
+  X(abs) X(exp) X(log) X(log1p) X(expm1) X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) \
+      X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign)         \
+          X(logical_not)
+#define OPFORGE_DECLARE_UNARY(name) Tensor name(const Tensor& x);
+OPFORGE_UNARY_OPS(OPFORGE_DECLARE_UNARY)
+#undef OPFORGE_DECLARE_UNARY
 Tensor leaky_relu(const Tensor& x, double alpha = 0.01);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor clip(const Tensor& x, double min, double max);
 
-#define OPFORGE_BINARY(name)                          \
-  Tensor name(const Tensor& a, const Tensor& b);      \
+// Two-input ops; each also takes a Python-style number as its second operand.
+#define OPFORGE_BINARY_OPS(X) \
+  X(add)                      \
+  X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(mod) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+#define OPFORGE_DECLARE_BINARY(name)             \
+  Tensor name(const Tensor& a, const Tensor& b); \
   Tensor name(const Tensor& a, double b);
-OPFORGE_BINARY(add)
-OPFORGE_BINARY(sub)
-OPFORGE_BINARY(mul)
-OPFORGE_BINARY(div)
-OPFORGE_BINARY(pow)
-OPFORGE_BINARY(maximum)
-OPFORGE_BINARY(minimum)
-OPFORGE_BINARY(mod)
-OPFORGE_BINARY(eq)
-OPFORGE_BINARY(ne)
-OPFORGE_BINARY(lt)
-OPFORGE_BINARY(le)
-OPFORGE_BINARY(gt)
-OPFORGE_BINARY(ge)
-#undef OPFORGE_BINARY
+OPFORGE_BINARY_OPS(OPFORGE_DECLARE_BINARY)
+#undef OPFORGE_DECLARE_BINARY
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_xor(const Tensor& a, const Tensor& b);
@@ -80,7 +57,8 @@ Tensor prod(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = 
 Tensor max(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
 Tensor min(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
 Tensor logsumexp(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
-Tensor var(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false, double ddof = 0);
+Tensor var(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false,
+           double ddof = 0);
 // argmax/argmin over one axis, or over the flattened tensor when axis is empty.
 Tensor argmax(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdims = false);
 Tensor argmin(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdims = false);
@@ -94,15 +72,16 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // NumPy matmul: 1-D operands are promoted, batch dimensions broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // ONNX/BLAS gemm on 2-D operands: alpha * op(A) op(B) + beta * C, C broadcast to (M, N).
-Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c = {}, double alpha = 1, double beta = 1,
-            bool trans_a = false, bool trans_b = false);
+Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c = {}, double alpha = 1,
+            double beta = 1, bool trans_a = false, bool trans_b = false);
 
 // ---- window (NCHW) ----
 struct Conv2dOptions {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
 };
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& o = {});
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+              const Conv2dOptions& o = {});
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel{2, 2};
   std::array<int64_t, 2> stride{0, 0};  // 0: the kernel size

@@ -10,11 +10,6 @@
 
 namespace opforge {
 
-struct AttrInfo {
-  std::string name;
-  bool integer = false;
-};
-
 struct VariantInfo {
   std::string name;
   const KernelVariant* kernel;  // at the best target this CPU supports

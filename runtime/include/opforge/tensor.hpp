@@ -44,8 +44,10 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::Float32);
   static Tensor scalar(double value, DType dtype = DType::Float32);
   static Tensor arange(double start, double stop, double step = 1, DType dtype = DType::Float32);
-  static Tensor rand(const Shape& shape, DType dtype = DType::Float32, Generator& g = default_generator());
-  static Tensor randn(const Shape& shape, DType dtype = DType::Float32, Generator& g = default_generator());
+  static Tensor rand(const Shape& shape, DType dtype = DType::Float32,
+                     Generator& g = default_generator());
+  static Tensor randn(const Shape& shape, DType dtype = DType::Float32,
+                      Generator& g = default_generator());
   // Copies `shape`'s element count of T from host memory.
   template <class T>
   static Tensor from_data(const T* data, const Shape& shape) {
@@ -69,7 +71,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }  // in elements
-  int64_t offset() const { return offset_; }          // in elements
+  int64_t offset() const { return offset_; }         // in elements
   int dim() const { return int(shape_.size()); }
   int64_t size(int d) const;
   int64_t numel() const { return shape_numel(shape_); }
@@ -84,8 +86,9 @@ class Tensor {
   }
 
   // ---- views: share storage ----
-  Tensor view(const Shape& shape) const;     // needs a layout that allows it
-  Tensor reshape(const Shape& shape) const;  // view when possible, else a contiguous copy; -1 infers
+  Tensor view(const Shape& shape) const;  // needs a layout that allows it
+  Tensor reshape(
+      const Shape& shape) const;  // view when possible, else a contiguous copy; -1 infers
   Tensor transpose(int d0, int d1) const;
   Tensor permute(const std::vector<int>& dims) const;
   Tensor expand(const Shape& shape) const;  // size-1 dims broadcast with stride 0
@@ -99,7 +102,7 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;  // cast; the same tensor if the dtype already matches
-  void copy_to_host(void* dst, size_t bytes) const;  // in row-major order
+  void copy_to_host(void* dst, size_t bytes) const;    // in row-major order
   void copy_from_host(const void* src, size_t bytes);  // this tensor must be contiguous
   template <class T>
   std::vector<T> to_vector() const {

@@ -15,7 +15,9 @@ using Axes = std::optional<std::vector<int>>;  // nullopt: NumPy's axis=None
 
 inline ndarray zeros(const Shape& s, DType d = DType::Float64) { return Tensor::zeros(s, d); }
 inline ndarray ones(const Shape& s, DType d = DType::Float64) { return Tensor::ones(s, d); }
-inline ndarray full(const Shape& s, double v, DType d = DType::Float64) { return Tensor::full(s, v, d); }
+inline ndarray full(const Shape& s, double v, DType d = DType::Float64) {
+  return Tensor::full(s, v, d);
+}
 inline ndarray empty(const Shape& s, DType d = DType::Float64) { return Tensor::empty(s, d); }
 inline ndarray arange(double start, double stop, double step = 1, DType d = DType::Float64) {
   return Tensor::arange(start, stop, step, d);
@@ -89,20 +91,27 @@ inline ndarray amax(const ndarray& a, const Axes& axis = std::nullopt, bool keep
 inline ndarray amin(const ndarray& a, const Axes& axis = std::nullopt, bool keepdims = false) {
   return opforge::min(a, detail::axes_or_all(axis), keepdims);
 }
-inline ndarray var(const ndarray& a, const Axes& axis = std::nullopt, bool keepdims = false, double ddof = 0) {
+inline ndarray var(const ndarray& a, const Axes& axis = std::nullopt, bool keepdims = false,
+                   double ddof = 0) {
   return opforge::var(a, detail::axes_or_all(axis), keepdims, ddof);
 }
-inline ndarray std(const ndarray& a, const Axes& axis = std::nullopt, bool keepdims = false, double ddof = 0) {
+inline ndarray std(const ndarray& a, const Axes& axis = std::nullopt, bool keepdims = false,
+                   double ddof = 0) {
   return opforge::sqrt(var(a, axis, keepdims, ddof));
 }
-inline ndarray argmax(const ndarray& a, std::optional<int> axis = std::nullopt) { return opforge::argmax(a, axis); }
-inline ndarray argmin(const ndarray& a, std::optional<int> axis = std::nullopt) { return opforge::argmin(a, axis); }
+inline ndarray argmax(const ndarray& a, std::optional<int> axis = std::nullopt) {
+  return opforge::argmax(a, axis);
+}
+inline ndarray argmin(const ndarray& a, std::optional<int> axis = std::nullopt) {
+  return opforge::argmin(a, axis);
+}
 
 inline ndarray matmul(const ndarray& a, const ndarray& b) { return opforge::matmul(a, b); }
 // dot: matmul for 1-D and 2-D operands, with a scalar for two vectors.
 inline ndarray dot(const ndarray& a, const ndarray& b) {
   OPFORGE_CHECK(a.dim() <= 2 && b.dim() <= 2)
-      << "numpy.dot: only 1-D and 2-D operands are supported, got ranks " << a.dim() << " and " << b.dim();
+      << "numpy.dot: only 1-D and 2-D operands are supported, got ranks " << a.dim() << " and "
+      << b.dim();
   return opforge::matmul(a, b);
 }
 inline ndarray transpose(const ndarray& a, std::optional<std::vector<int>> axes = std::nullopt) {
@@ -112,17 +121,21 @@ inline ndarray transpose(const ndarray& a, std::optional<std::vector<int>> axes 
   return a.permute(rev);
 }
 inline ndarray reshape(const ndarray& a, const Shape& s) { return a.reshape(s); }
-inline ndarray concatenate(const std::vector<ndarray>& xs, int axis = 0) { return concat(xs, axis); }
+inline ndarray concatenate(const std::vector<ndarray>& xs, int axis = 0) {
+  return concat(xs, axis);
+}
 inline ndarray stack(const std::vector<ndarray>& xs, int axis = 0) {
   OPFORGE_CHECK(!xs.empty()) << "numpy.stack: needs at least one array";
   std::vector<ndarray> u;
   for (const auto& x : xs) u.push_back(x.unsqueeze(axis));
   return concat(u, axis);
 }
-inline ndarray take(const ndarray& a, const ndarray& indices, std::optional<int> axis = std::nullopt) {
+inline ndarray take(const ndarray& a, const ndarray& indices,
+                    std::optional<int> axis = std::nullopt) {
   return axis ? gather(a, *axis, indices) : gather(a.reshape({-1}), 0, indices);
 }
-inline ndarray pad(const ndarray& a, const std::vector<std::pair<int64_t, int64_t>>& width, double constant = 0) {
+inline ndarray pad(const ndarray& a, const std::vector<std::pair<int64_t, int64_t>>& width,
+                   double constant = 0) {
   return opforge::pad(a, width, constant);
 }
 
