@@ -16,7 +16,8 @@ install(TARGETS opforge-cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 set(cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/opforge)
 install(EXPORT opforgeTargets NAMESPACE opforge:: DESTINATION ${cmake_dir})
 configure_package_config_file(cmake/opforgeConfig.cmake.in ${CMAKE_BINARY_DIR}/opforgeConfig.cmake
-                              INSTALL_DESTINATION ${cmake_dir})
+                              INSTALL_DESTINATION ${cmake_dir}
+                              PATH_VARS CMAKE_INSTALL_DATADIR CMAKE_INSTALL_INCLUDEDIR)
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/opforgeConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/opforgeConfig.cmake ${CMAKE_BINARY_DIR}/opforgeConfigVersion.cmake
               cmake/OpforgeKernels.cmake DESTINATION ${cmake_dir})
