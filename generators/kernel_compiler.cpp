@@ -99,7 +99,7 @@ int run(const Options& opt) {
   auto variants = schedules::variants_for(family);
   for (const auto& target : schedules::cpu_targets()) {
     Halide::Target t(target.halide + (schedules::strict_float(family) ? "-strict_float" : ""));
-    Halide::Module module(opt.unit + "_" + target.tag, t);
+    Halide::Module module(sanitize(opt.unit + "_" + target.tag), t);
     for (const auto& k : mine) {
       for (const auto& v : variants) {
         if (!opt.only_variants.empty() &&
@@ -153,10 +153,10 @@ int run(const Options& opt) {
   }
   reg << "};\n}  // namespace\n\n";
   if (opt.static_init) {
-    reg << "static const bool registered_" << opt.unit
+    reg << "static const bool registered_" << sanitize(opt.unit)
         << " = (opforge::register_kernels(kVariants, std::size(kVariants)), true);\n";
   } else {
-    reg << "extern \"C\" void opforge_register_" << opt.unit << "() {\n"
+    reg << "extern \"C\" void opforge_register_" << sanitize(opt.unit) << "() {\n"
         << "  opforge::register_kernels(kVariants, std::size(kVariants));\n}\n";
   }
   return 0;

@@ -15,9 +15,17 @@
 namespace opforge {
 namespace {
 
+// Halide reports an error on the thread that hit it, which for a parallel loop is a worker: keep
+// the caller's thread's message, and the process's last one for errors raised on workers.
 thread_local std::string halide_error_message;
+std::mutex last_error_mu;
+std::string last_error;
 
-void halide_error_to_message(void*, const char* msg) { halide_error_message += msg; }
+void halide_error_to_message(void*, const char* msg) {
+  halide_error_message += msg;
+  std::lock_guard<std::mutex> lock(last_error_mu);
+  last_error = msg;
+}
 
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -32,6 +40,7 @@ struct VariantStats {
 struct Entry {
   std::vector<int> eligible;  // indices into the group's variants
   std::vector<VariantStats> stats;
+  int calibration_issued = 0;  // calibration runs handed out (several threads may calibrate)
   int calibration_done = 0;
   int best = 0;  // index into eligible
   uint64_t calls = 0;
@@ -51,6 +60,7 @@ struct State {
   Clock clock;
   DispatchPolicy policy;
   std::string forced;
+  uint64_t generation = 0;  // bumped whenever the model is cleared
   State() {
     if (const char* v = std::getenv("OPFORGE_VARIANT")) forced = v;
     halide_set_error_handler(halide_error_to_message);
@@ -64,9 +74,14 @@ State& state() {
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
+// Group (24 bits) | which variants accept these extents (10 bits) | log2 bucket of each extent
+// (5 bits each). The acceptance mask is part of the key because a bucket spans extents on both
+// sides of a variant's minimum.
 uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
-  uint64_t key = uint64_t(g.id) << 36;
-  for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 63)) << (6 * i);
+  uint64_t key = uint64_t(g.id) << 40;
+  for (size_t v = 0; v < g.variants.size() && v < 10; v++)
+    if (variant_accepts(g.variants[v], ext)) key |= uint64_t(1) << (30 + v);
+  for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;
 }
 
@@ -151,6 +166,7 @@ void force_variant(const std::string& name) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.forced = name;
   s.model.clear();
+  s.generation++;
 }
 
 std::string forced_variant() {
@@ -166,6 +182,7 @@ void set_dispatch_policy(const DispatchPolicy& p) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.policy = p;
   s.model.clear();
+  s.generation++;
 }
 
 void reset_performance_model() {
@@ -173,6 +190,7 @@ void reset_performance_model() {
   std::lock_guard<std::mutex> lock(s.mu);
   s.model.clear();
   s.calls.clear();
+  s.generation++;
 }
 
 std::vector<DispatchStat> dispatch_stats() {
@@ -202,7 +220,8 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   int variant = 0;
   int slot = -1;  // >= 0: time this call and feed the model
   bool calibrating = false;
-  uint64_t key = bucket_key(g, ext);
+  uint64_t key = bucket_key(g, ext), generation;
+  Clock clock;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.model.find(key);
@@ -215,9 +234,8 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
     int n = int(e.eligible.size());
     if (n == 1) {
       slot = (++e.calls % uint64_t(s.policy.retime_every)) == 0 ? 0 : -1;
-      variant = e.eligible[0];
-    } else if (e.calibration_done < s.policy.calibration_runs * n) {
-      slot = e.calibration_done % n;
+    } else if (e.calibration_issued < s.policy.calibration_runs * n) {
+      slot = e.calibration_issued++ % n;
       calibrating = true;
     } else {
       ++e.calls;
@@ -227,27 +245,33 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
         slot = e.best;
       }
     }
-    if (n > 1) variant = e.eligible[slot >= 0 ? slot : e.best];
-    CallStats& c = s.calls[(uint64_t(g.id) << 16) | uint64_t(variant)];
-    c.calls++;
+    variant = e.eligible[slot >= 0 ? slot : e.best];
+    s.calls[(uint64_t(g.id) << 16) | uint64_t(variant)].calls++;
+    generation = s.generation;
+    if (slot >= 0) clock = s.clock;
   }
   const VariantInfo& v = g.variants[variant];
   double t0 = 0;
-  if (slot >= 0) t0 = s.clock ? s.clock() : steady_seconds();
+  if (slot >= 0) t0 = clock ? clock() : steady_seconds();
   halide_error_message.clear();
   int rc = v.kernel->argv(args);
   if (rc != 0) {
-    std::string msg =
-        halide_error_message.empty() ? "error code " + std::to_string(rc) : halide_error_message;
+    std::string msg = halide_error_message;
+    if (msg.empty()) {
+      std::lock_guard<std::mutex> lock(last_error_mu);
+      msg = last_error.empty() ? "error code " + std::to_string(rc) : last_error;
+    }
     while (!msg.empty() && msg.back() == '\n') msg.pop_back();
     throw Error(g.op->name + " (" + g.dtype_key + ", variant " + v.name +
                 "): kernel failed: " + msg);
   }
   if (slot >= 0) {
-    double seconds = (s.clock ? s.clock() : steady_seconds()) - t0;
+    double seconds = (clock ? clock() : steady_seconds()) - t0;
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.model.find(key);
-    if (it != s.model.end()) update_after_timing(it->second, slot, seconds, calibrating, s.policy);
+    // A model cleared meanwhile (force_variant, reset) has other entries: drop the sample.
+    if (it != s.model.end() && s.generation == generation)
+      update_after_timing(it->second, slot, seconds, calibrating, s.policy);
     CallStats& c = s.calls[(uint64_t(g.id) << 16) | uint64_t(variant)];
     c.timed++;
     c.seconds += seconds;

@@ -2,6 +2,7 @@
 #include "kernel_call.hpp"
 
 #include <climits>
+#include <cmath>
 #include <sstream>
 
 namespace opforge::detail {
@@ -19,6 +20,8 @@ View view_of(const Tensor& t) {
   for (int i = 0; i < t.dim(); i++) {
     v.extent[i] = t.shape()[t.dim() - 1 - i];
     v.stride[i] = t.strides()[t.dim() - 1 - i];
+    // A size-1 dim's stride addresses nothing, but kernels check it (dim 0 must be 1).
+    if (v.extent[i] == 1) v.stride[i] = i == 0 ? 1 : v.stride[i - 1] * v.extent[i - 1];
   }
   return v;
 }
@@ -38,6 +41,8 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
 }
 
 void KernelArgs::buffer(const View& v) {
+  OPFORGE_CHECK(nb_ < int(bufs_.size()) && na_ < int(args_.size()))
+      << "a kernel takes at most " << bufs_.size() << " tensors";
   Buf& b = bufs_[nb_++];
   b.b.host = static_cast<uint8_t*>(v.host);
   b.b.type = halide_type_of(v.dtype);
@@ -55,8 +60,14 @@ void KernelArgs::buffer(const View& v) {
 void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
   OPFORGE_CHECK(values.size() == op.attrs.size())
       << op.name << ": expected " << op.attrs.size() << " attribute(s), got " << values.size();
+  OPFORGE_CHECK(values.size() + size_t(na_) < args_.size() && values.size() <= f_.size())
+      << op.name << ": a kernel takes at most " << f_.size() << " attributes";
   for (size_t i = 0; i < values.size(); i++) {
     if (op.attrs[i].integer) {
+      OPFORGE_CHECK(values[i] >= INT32_MIN && values[i] <= INT32_MAX &&
+                    values[i] == std::floor(values[i]))
+          << op.name << ": attribute " << op.attrs[i].name << " must be a 32-bit integer, got "
+          << values[i];
       i_[ni_] = int32_t(values[i]);
       args_[na_++] = &i_[ni_++];
     } else {

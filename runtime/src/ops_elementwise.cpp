@@ -1,5 +1,6 @@
 // Elementwise family: dtype promotion, NumPy broadcasting by stride-0 views, and the collapse of
 // any N-d call onto at most six strided dims.
+#include <climits>
 #include <cmath>
 
 #include "kernel_call.hpp"
@@ -71,6 +72,8 @@ Tensor scalar_for(const Tensor& t, double v) {
   DType d = t.dtype();
   if (d == DType::Bool) d = integral ? DType::Int64 : DType::Float32;
   if (!is_floating(d) && !integral) d = DType::Float32;
+  if (d == DType::Int32 && (v < INT32_MIN || v > INT32_MAX)) d = DType::Int64;
+  if (d == DType::Int64 && (v < -0x1p63 || v >= 0x1p63)) d = DType::Float64;
   return Tensor::scalar(v, d);
 }
 

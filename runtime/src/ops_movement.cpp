@@ -7,6 +7,24 @@
 namespace opforge {
 using namespace detail;
 
+namespace {
+// Byte ranges [first, last] spanned by two views of the same storage intersect.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto range = [](const Tensor& t, int64_t& lo, int64_t& hi) {
+    lo = hi = t.offset() * int64_t(t.element_size());
+    for (int d = 0; d < t.dim(); d++) {
+      int64_t span = (t.shape()[d] - 1) * t.strides()[d] * int64_t(t.element_size());
+      (span < 0 ? lo : hi) += span;
+    }
+    hi += int64_t(t.element_size()) - 1;
+  };
+  int64_t alo, ahi, blo, bhi;
+  range(a, alo, ahi);
+  range(b, blo, bhi);
+  return alo <= bhi && blo <= ahi;
+}
+}  // namespace
+
 void copy_into(const Tensor& dst, const Tensor& src_in) {
   static const OpInfo& op = op_info("copy");
   OPFORGE_CHECK(dst.defined() && src_in.defined()) << "copy_into: a tensor is undefined";
@@ -16,6 +34,14 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
                                   << " does not broadcast to the destination shape "
                                   << shape_str(dst.shape());
   if (dst.numel() == 0) return;
+  for (size_t d = 0; d < dst.shape().size(); d++)
+    OPFORGE_CHECK(dst.strides()[d] != 0 || dst.shape()[d] == 1)
+        << "copy_into: the destination " << shape_str(dst.shape()) << " has stride 0 in dimension "
+        << d
+        << " (an expanded view), so several elements share one address; write into a contiguous "
+           "tensor";
+  // A source that overlaps the destination in memory is read completely before any write.
+  if (src.storage() == dst.storage() && overlaps(src, dst)) src = src.clone();
   Tensor s = src.expand(dst.shape());
   std::vector<const Shape*> strides = {&s.strides(), &dst.strides()};
   std::vector<View> views(2);
@@ -119,6 +145,8 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
 
 Tensor gather(const Tensor& x, int axis, const Tensor& index) {
   OPFORGE_CHECK(x.defined() && index.defined()) << "gather: an input is undefined";
+  OPFORGE_CHECK(x.dim() >= 1)
+      << "gather: the input must have at least 1 dimension, got a 0-d tensor";
   int ax = wrap_axis("gather", axis, x.dim());
   Tensor flat = index_select(x, ax, index.reshape({-1}));
   Shape s(x.shape().begin(), x.shape().begin() + ax);

@@ -44,6 +44,9 @@ bool empty_reduction_value(const std::string& op, double& v) {
 
 const KernelGroup& group_for(const OpInfo& op, DType t) {
   if (const KernelGroup* g = op.find_group(std::string(dtype_name(t)))) return *g;
+  // bool counts: sum(bool) is an int64 count, as in NumPy and PyTorch.
+  if (t == DType::Bool)
+    if (const KernelGroup* g = op.find_group("int64")) return *g;
   if (!is_floating(t))
     if (const KernelGroup* g = op.find_group("float32")) return *g;
   return op.group(std::string(dtype_name(t)));
@@ -67,7 +70,7 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   axes = normalize_axes(name, axes, rank);
   Shape out_shape;
   if (normalize) {
-    out_shape = x.shape();
+    if (!scalar_in) out_shape = x.shape();
   } else if (!scalar_in) {
     for (int d = 0; d < rank; d++) {
       if (!std::binary_search(axes.begin(), axes.end(), d))

@@ -73,7 +73,9 @@ void check_shape(const Shape& shape, const char* what) {
     OPFORGE_CHECK(d >= 0) << what << ": shape " << shape_str(shape) << " has a negative dimension";
 }
 int wrap_dim(int d, int rank, const char* what) {
-  int r = std::max(rank, 1);
+  OPFORGE_CHECK(rank > 0) << what << ": dimension " << d
+                          << " given for a 0-d tensor, which has no dimensions";
+  int r = rank;
   OPFORGE_CHECK(d >= -r && d < r) << what << ": dimension " << d
                                   << " is out of range for a tensor of rank " << rank
                                   << " (expected " << -r << " to " << r - 1 << ")";
@@ -321,6 +323,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     }
     int64_t have = shape_[i - lead];
     if (shape[i] == -1) s[i] = have;
+    OPFORGE_CHECK(s[i] >= 0) << "expand: invalid size " << shape[i] << " in " << shape_str(shape);
     if (have == s[i]) {
       st[i] = strides_[i - lead];
     } else {
@@ -360,6 +363,7 @@ Tensor Tensor::select(int d, int64_t index) const {
 }
 
 Tensor Tensor::squeeze(int d) const {
+  if (dim() == 0) return *this;  // as PyTorch: squeezing a 0-d tensor is a no-op
   d = wrap_dim(d, dim(), "squeeze");
   if (shape_[d] != 1) return *this;
   Shape s = shape_, st = strides_;
