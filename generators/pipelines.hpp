@@ -96,19 +96,26 @@ std::string dtype_str() {
   return std::string(dtype_name(dtype_of_v<T>));
 }
 
+// The fields every family's pipeline starts with.
+template <class T, class Op>
+Pipeline start(const Op& op, int num_inputs, int flags = 0) {
+  Pipeline p;
+  p.op = op.name;
+  p.family = Op::family;
+  p.in_dtype = dtype_of_v<T>;
+  p.out_dtype = op.out(p.in_dtype);
+  p.dtype_key = dtype_str<T>();
+  p.num_inputs = num_inputs;
+  p.attrs = op.attrs;
+  p.variant_flags = flags;
+  return p;
+}
+
 // ---- elementwise ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::elementwise &&
                                                            requires { op.fn; }) {
-  Pipeline p;
-  p.op = op.name;
-  p.family = op.family;
-  p.in_dtype = dtype_of_v<T>;
-  p.out_dtype = op.out(p.in_dtype);
-  p.dtype_key = dtype_str<T>();
-  p.num_inputs = op.arity;
-  p.attrs = op.attrs;
-  p.variant_flags = op.bool_inputs_mask;
+  Pipeline p = start<T>(op, op.arity, op.bool_inputs_mask);
   Type t = halide_type<T>();
   for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
   EwArgs a;
@@ -148,15 +155,7 @@ inline Pipeline build_cast(DType from, DType to) {
 // ---- reduction: in(i, k, o); call extents (inner, reduced, outer) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::reduction) {
-  Pipeline p;
-  p.op = op.name;
-  p.family = op.family;
-  p.in_dtype = dtype_of_v<T>;
-  p.out_dtype = op.out(p.in_dtype);
-  p.dtype_key = dtype_str<T>();
-  p.num_inputs = 1 + op.extra_inputs;
-  p.attrs = op.attrs;
-  p.variant_flags = int(op.kind);
+  Pipeline p = start<T>(op, 1 + op.extra_inputs, int(op.kind));
   Type t = halide_type<T>();
   RedArgs a;
   a.i = Var("i");
@@ -193,13 +192,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
 // ---- contraction: a(k, m, b), b(n, k, b), c(n, m, b); call extents (N, M, K, batch) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::contraction) {
-  Pipeline p;
-  p.op = op.name;
-  p.family = op.family;
-  p.in_dtype = p.out_dtype = dtype_of_v<T>;
-  p.dtype_key = dtype_str<T>();
-  p.num_inputs = op.has_c ? 3 : 2;
-  p.attrs = op.attrs;
+  Pipeline p = start<T>(op, op.has_c ? 3 : 2);
   Type t = halide_type<T>();
   ContractionArgs a;
   a.n = Var("n");
@@ -232,15 +225,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
 // ---- window: in(w, h, c, n); call extents are the output's (W, H, C, N) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::window) {
-  Pipeline p;
-  p.op = op.name;
-  p.family = op.family;
-  p.in_dtype = p.out_dtype = dtype_of_v<T>;
-  p.dtype_key = dtype_str<T>();
-  p.attrs = op.attrs;
-  p.variant_flags = int(op.kind);
   bool conv = op.kind == WindowKind::conv;
-  p.num_inputs = conv ? 3 : 1;
+  Pipeline p = start<T>(op, conv ? 3 : 1, int(op.kind));
   Type t = halide_type<T>();
   WindowArgs a;
   a.w = Var("w");
@@ -293,23 +279,16 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
 // ---- movement: copy(in, 6-D, any strides) and gather(in(i, k, o), index(j)) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::movement) {
-  Pipeline p;
-  p.op = op.name;
-  p.family = op.family;
-  p.in_dtype = p.out_dtype = dtype_of_v<T>;
-  p.dtype_key = dtype_str<T>();
-  p.variant_flags = int(op.kind);
+  Pipeline p = start<T>(op, op.kind == MovementKind::copy ? 1 : 2, int(op.kind));
   Type t = halide_type<T>();
   p.out = Func("out");
   if (op.kind == MovementKind::copy) {
-    p.num_inputs = 1;
     for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
     auto in = detail::add_input(p, t, detail::kEwDims, "in", true);
     p.out(p.vars) = in(p.vars);
     p.out.output_buffer().dim(0).set_stride(Expr());
     p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   } else {
-    p.num_inputs = 2;
     Var i("i"), j("j"), o("o");
     auto in = detail::add_input(p, t, 3, "in", true);
     auto index = detail::add_input(p, Halide::Int(64), 1, "index", true);
