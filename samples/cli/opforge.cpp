@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "opforge/device.hpp"
 #include "opforge/registry.hpp"
 
 namespace opforge::cli {
@@ -72,14 +73,23 @@ class Table {
 
 // ---- info ----
 
-// The runtime has one device today; kernels are compiled for the host CPU at its best target.
-struct Device {
-  std::string name, kind, target;
+// What `info` shows of each discovered device. CPU kernels run at the best feature level this
+// CPU supports; other kinds have no kernels yet.
+struct DeviceRow {
+  std::string name, kind, model, target;
   unsigned cores;
+  uint64_t memory;
 };
 
-std::vector<Device> devices() {
-  return {{"cpu", "cpu", cpu_target(), std::thread::hardware_concurrency()}};
+std::vector<DeviceRow> device_rows() {
+  std::vector<DeviceRow> rows;
+  for (const DeviceInfo& d : opforge::devices()) {
+    bool cpu = d.device.kind == DeviceKind::cpu;
+    rows.push_back({d.device.str(), d.device.str().substr(0, d.device.str().find(':')), d.name,
+                    cpu ? cpu_target() : "", cpu ? unsigned(num_cpu_cores(true)) : 0u,
+                    d.total_memory});
+  }
+  return rows;
 }
 
 struct VariantRow {
@@ -116,8 +126,13 @@ std::vector<const OpInfo*> sorted_ops() {
 
 Json info_json() {
   Json devs = Json::array();
-  for (const Device& d : devices()) {
-    devs.push_back({{"name", d.name}, {"kind", d.kind}, {"target", d.target}, {"cores", d.cores}});
+  for (const DeviceRow& d : device_rows()) {
+    devs.push_back({{"name", d.name},
+                    {"kind", d.kind},
+                    {"model", d.model},
+                    {"target", d.target},
+                    {"cores", d.cores},
+                    {"memory_bytes", d.memory}});
   }
   Json ops = Json::array();
   for (const OpInfo* op : sorted_ops()) {
@@ -140,9 +155,12 @@ Json info_json() {
 }
 
 void print_info_text(std::ostream& os) {
-  const std::vector<Device> devs = devices();
-  Table dev_table({"device", "kind", "target", "cores"}, {false, false, false, true});
-  for (const Device& d : devs) dev_table.add({d.name, d.kind, d.target, std::to_string(d.cores)});
+  const std::vector<DeviceRow> devs = device_rows();
+  Table dev_table({"device", "kind", "model", "target", "cores", "memory"},
+                  {false, false, false, false, true, true});
+  for (const DeviceRow& d : devs)
+    dev_table.add({d.name, d.kind, d.model, d.target, d.cores ? std::to_string(d.cores) : "",
+                   std::to_string(d.memory >> 20) + " MiB"});
   dev_table.print(os);
   os << '\n';
 

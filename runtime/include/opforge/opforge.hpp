@@ -1,5 +1,6 @@
-// Everything a program using opforge includes: tensors, ops, the registry and the dispatcher.
+// Everything a program using opforge includes: tensors, ops, devices, the registry and the dispatcher.
 #pragma once
+#include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/dtype.hpp"
 #include "opforge/error.hpp"

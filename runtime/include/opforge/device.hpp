@@ -1,0 +1,64 @@
+// Devices and the device API users know from unified frameworks: discovery, memory and utilization
+// queries, and a default-device stack with an RAII scope. GPU drivers (NVML, OpenCL ICD) are loaded
+// dynamically: a machine without them simply has no such devices.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace opforge {
+
+enum class DeviceKind { cpu, opencl, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  std::string str() const;  // "cpu", "opencl:0", "cuda:1"
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+};
+
+// Parses "cpu", "cpu:0", "opencl:N", "cuda:N" ("gpu:N" means "cuda:N"). Throws an Error for a
+// malformed name and for a device this machine does not have, listing the ones it has.
+Device parse_device(std::string_view name);
+
+struct DeviceInfo {
+  Device device;
+  std::string name;       // model or platform name
+  uint64_t total_memory;  // bytes
+};
+// Every device found at start-up, the CPU first.
+const std::vector<DeviceInfo>& devices();
+bool device_exists(const Device& d);
+
+int num_gpus();  // CUDA GPUs visible through NVML
+bool gpu_is_available();
+int num_cpu_cores(bool logical = true);
+
+// Memory in bytes. process_only: what this process holds (CPU: resident set; CUDA: this process's
+// allocations as NVML reports them).
+uint64_t total_mem_on_dev(const Device& d);
+uint64_t used_mem_on_dev(const Device& d, bool process_only = false);
+double percent_used_mem_on_dev(const Device& d, bool process_only = false);
+// Utilization in percent: CPU from /proc/stat over a 50 ms window, CUDA from NVML.
+double dev_util(const Device& d);
+
+// The device ops use when nothing else decides: the top of a stack, "cpu" when empty.
+Device default_device();
+void set_default_device(const Device& d);  // pushes
+void unset_default_device();               // pops; an Error when the stack is empty
+
+// Makes `d` the default device for its lifetime; scopes nest.
+class DefaultDevice {
+ public:
+  explicit DefaultDevice(const Device& d) { set_default_device(d); }
+  explicit DefaultDevice(std::string_view name) : DefaultDevice(parse_device(name)) {}
+  ~DefaultDevice() { unset_default_device(); }
+  DefaultDevice(const DefaultDevice&) = delete;
+  DefaultDevice& operator=(const DefaultDevice&) = delete;
+};
+
+// The device kinds some variant of the op runs on ("cpu" today; GPU kinds with their kernels).
+std::vector<std::string> function_supported_devices(const std::string& op);
+
+}  // namespace opforge

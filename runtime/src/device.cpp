@@ -1,0 +1,370 @@
+// Device discovery and queries. CPU figures come from /proc; CUDA from NVML and OpenCL from the
+// ICD loader, both opened with dlopen so that building and running need neither.
+#include "opforge/device.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "opforge/error.hpp"
+#include "opforge/registry.hpp"
+
+namespace opforge {
+namespace {
+
+const char* kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::opencl:
+      return "opencl";
+    case DeviceKind::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+// ---- NVML, loaded on first use ----
+struct Nvml {
+  using Handle = void*;
+  int (*init)() = nullptr;
+  int (*count)(unsigned*) = nullptr;
+  int (*handle)(unsigned, Handle*) = nullptr;
+  int (*name)(Handle, char*, unsigned) = nullptr;
+  struct Memory {
+    unsigned long long total, free, used;
+  };
+  int (*memory)(Handle, Memory*) = nullptr;
+  struct Utilization {
+    unsigned gpu, memory;
+  };
+  int (*utilization)(Handle, Utilization*) = nullptr;
+  struct ProcessInfo {
+    unsigned pid;
+    unsigned long long used;
+    unsigned gpu_instance, compute_instance;
+  };
+  int (*processes)(Handle, unsigned*, ProcessInfo*) = nullptr;
+  bool ok = false;
+
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    auto sym = [&](auto& fn, const char* s) {
+      fn = reinterpret_cast<std::decay_t<decltype(fn)>>(dlsym(lib, s));
+    };
+    sym(init, "nvmlInit_v2");
+    sym(count, "nvmlDeviceGetCount_v2");
+    sym(handle, "nvmlDeviceGetHandleByIndex_v2");
+    sym(name, "nvmlDeviceGetName");
+    sym(memory, "nvmlDeviceGetMemoryInfo");
+    sym(utilization, "nvmlDeviceGetUtilizationRates");
+    sym(processes, "nvmlDeviceGetComputeRunningProcesses_v3");
+    ok = init && count && handle && memory && utilization && init() == 0;
+  }
+  Handle device(int i) const {
+    Handle h = nullptr;
+    OPFORGE_CHECK(ok && handle(unsigned(i), &h) == 0)
+        << "cuda:" << i << ": NVML cannot open the device";
+    return h;
+  }
+};
+const Nvml& nvml() {
+  static Nvml n;
+  return n;
+}
+
+// ---- OpenCL ICD loader ----
+struct OpenCL {
+  int (*platforms)(unsigned, void**, unsigned*) = nullptr;
+  int (*device_ids)(void*, uint64_t, unsigned, void**, unsigned*) = nullptr;
+  int (*device_info)(void*, unsigned, size_t, void*, size_t*) = nullptr;
+  std::vector<void*> ids;
+  OpenCL() {
+    void* lib = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    platforms = reinterpret_cast<decltype(platforms)>(dlsym(lib, "clGetPlatformIDs"));
+    device_ids = reinterpret_cast<decltype(device_ids)>(dlsym(lib, "clGetDeviceIDs"));
+    device_info = reinterpret_cast<decltype(device_info)>(dlsym(lib, "clGetDeviceInfo"));
+    if (!platforms || !device_ids || !device_info) return;
+    unsigned np = 0;
+    if (platforms(0, nullptr, &np) != 0 || np == 0) return;
+    std::vector<void*> ps(np);
+    platforms(np, ps.data(), nullptr);
+    constexpr uint64_t kAllTypes = 0xFFFFFFFF;
+    for (void* p : ps) {
+      unsigned nd = 0;
+      if (device_ids(p, kAllTypes, 0, nullptr, &nd) != 0 || nd == 0) continue;
+      std::vector<void*> ds(nd);
+      device_ids(p, kAllTypes, nd, ds.data(), nullptr);
+      ids.insert(ids.end(), ds.begin(), ds.end());
+    }
+  }
+};
+const OpenCL& opencl() {
+  static OpenCL o;
+  return o;
+}
+
+std::string read_file(const char* path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+uint64_t meminfo_kib(const std::string& key) {
+  std::istringstream in(read_file("/proc/meminfo"));
+  std::string k;
+  uint64_t v;
+  std::string unit;
+  while (in >> k >> v >> unit)
+    if (k == key + ":") return v;
+  throw Error("cpu: /proc/meminfo has no " + key);
+}
+
+std::vector<DeviceInfo> discover() {
+  std::vector<DeviceInfo> out;
+  std::string cpu_name = "cpu";
+  std::istringstream cpuinfo(read_file("/proc/cpuinfo"));
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu_name = line.substr(line.find(':') + 2);
+      break;
+    }
+  out.push_back({{DeviceKind::cpu, 0}, cpu_name, meminfo_kib("MemTotal") * 1024});
+  const OpenCL& cl = opencl();
+  for (size_t i = 0; i < cl.ids.size(); i++) {
+    constexpr unsigned kName = 0x102B, kGlobalMem = 0x101F;
+    char name[256] = {};
+    uint64_t mem = 0;
+    cl.device_info(cl.ids[i], kName, sizeof(name) - 1, name, nullptr);
+    cl.device_info(cl.ids[i], kGlobalMem, sizeof(mem), &mem, nullptr);
+    out.push_back({{DeviceKind::opencl, int(i)}, name, mem});
+  }
+  const Nvml& n = nvml();
+  unsigned count = 0;
+  if (n.ok && n.count(&count) == 0) {
+    for (unsigned i = 0; i < count; i++) {
+      Nvml::Handle h = n.device(int(i));
+      char name[96] = {};
+      if (n.name) n.name(h, name, sizeof(name));
+      Nvml::Memory m{};
+      n.memory(h, &m);
+      out.push_back({{DeviceKind::cuda, int(i)}, name, m.total});
+    }
+  }
+  return out;
+}
+
+std::string known_devices() {
+  std::string s;
+  for (const auto& d : devices()) s += (s.empty() ? "" : ", ") + d.device.str();
+  return s;
+}
+
+void check_exists(const Device& d, const char* what) {
+  OPFORGE_CHECK(device_exists(d)) << what << ": no device " << d.str()
+                                  << " on this machine; devices: " << known_devices();
+}
+
+struct CpuTimes {
+  uint64_t busy = 0, total = 0;
+};
+CpuTimes cpu_times() {
+  std::istringstream in(read_file("/proc/stat"));
+  std::string cpu;
+  in >> cpu;
+  CpuTimes t;
+  uint64_t v;
+  for (int i = 0; i < 10 && in >> v; i++) {
+    t.total += v;
+    if (i != 3 && i != 4) t.busy += v;  // idle and iowait are not busy
+  }
+  return t;
+}
+
+struct DefaultStack {
+  std::mutex mu;
+  std::vector<Device> stack;
+};
+DefaultStack& default_stack() {
+  static DefaultStack s;
+  return s;
+}
+
+}  // namespace
+
+std::string Device::str() const {
+  return kind == DeviceKind::cpu && index == 0
+             ? "cpu"
+             : std::string(kind_name(kind)) + ":" + std::to_string(index);
+}
+
+Device parse_device(std::string_view name) {
+  std::string_view kind = name, idx;
+  if (auto colon = name.find(':'); colon != std::string_view::npos) {
+    kind = name.substr(0, colon);
+    idx = name.substr(colon + 1);
+  }
+  Device d;
+  if (kind == "cpu")
+    d.kind = DeviceKind::cpu;
+  else if (kind == "opencl")
+    d.kind = DeviceKind::opencl;
+  else if (kind == "cuda" || kind == "gpu")
+    d.kind = DeviceKind::cuda;
+  else
+    OPFORGE_CHECK(false) << "unknown device '" << name
+                         << "': expected cpu, opencl:N or cuda:N (devices: " << known_devices()
+                         << ")";
+  if (!idx.empty()) {
+    auto [p, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), d.index);
+    OPFORGE_CHECK(ec == std::errc() && p == idx.data() + idx.size() && d.index >= 0)
+        << "unknown device '" << name
+        << "': the index after ':' must be a non-negative integer, as in cuda:0 (devices: "
+        << known_devices() << ")";
+  }
+  check_exists(d, "parse_device");
+  return d;
+}
+
+const std::vector<DeviceInfo>& devices() {
+  static const std::vector<DeviceInfo> all = discover();
+  return all;
+}
+
+bool device_exists(const Device& d) {
+  for (const auto& i : devices())
+    if (i.device == d) return true;
+  return false;
+}
+
+int num_gpus() {
+  int n = 0;
+  for (const auto& i : devices()) n += i.device.kind == DeviceKind::cuda;
+  return n;
+}
+
+bool gpu_is_available() { return num_gpus() > 0; }
+
+int num_cpu_cores(bool logical) {
+  if (logical) return int(std::thread::hardware_concurrency());
+  std::set<std::pair<std::string, std::string>> cores;  // (physical id, core id)
+  std::istringstream in(read_file("/proc/cpuinfo"));
+  std::string phys = "0";
+  for (std::string line; std::getline(in, line);) {
+    auto value = [&] { return line.substr(line.find(':') + 1); };
+    if (line.rfind("physical id", 0) == 0) phys = value();
+    if (line.rfind("core id", 0) == 0) cores.insert({phys, value()});
+  }
+  return cores.empty() ? int(std::thread::hardware_concurrency()) : int(cores.size());
+}
+
+uint64_t total_mem_on_dev(const Device& d) {
+  check_exists(d, "total_mem_on_dev");
+  for (const auto& i : devices())
+    if (i.device == d) return i.total_memory;
+  return 0;
+}
+
+uint64_t used_mem_on_dev(const Device& d, bool process_only) {
+  check_exists(d, "used_mem_on_dev");
+  switch (d.kind) {
+    case DeviceKind::cpu: {
+      if (!process_only) return (meminfo_kib("MemTotal") - meminfo_kib("MemAvailable")) * 1024;
+      std::istringstream statm(read_file("/proc/self/statm"));
+      uint64_t size = 0, resident = 0;
+      statm >> size >> resident;
+      return resident * uint64_t(sysconf(_SC_PAGESIZE));
+    }
+    case DeviceKind::cuda: {
+      const Nvml& n = nvml();
+      Nvml::Handle h = n.device(d.index);
+      if (!process_only) {
+        Nvml::Memory m{};
+        OPFORGE_CHECK(n.memory(h, &m) == 0) << d.str() << ": NVML memory query failed";
+        return m.used;
+      }
+      OPFORGE_CHECK(n.processes) << d.str() << ": this NVML has no per-process memory query";
+      unsigned count = 64;
+      std::vector<Nvml::ProcessInfo> procs(count);
+      OPFORGE_CHECK(n.processes(h, &count, procs.data()) == 0)
+          << d.str() << ": NVML process query failed";
+      uint64_t mine = 0;
+      for (unsigned i = 0; i < count; i++)
+        if (procs[i].pid == unsigned(getpid())) mine += procs[i].used;
+      return mine;
+    }
+    case DeviceKind::opencl:
+      break;
+  }
+  OPFORGE_CHECK(false) << "used_mem_on_dev: OpenCL reports no memory use; " << d.str()
+                       << " memory accounting comes with the runtime's OpenCL allocator";
+  return 0;
+}
+
+double percent_used_mem_on_dev(const Device& d, bool process_only) {
+  return 100.0 * double(used_mem_on_dev(d, process_only)) / double(total_mem_on_dev(d));
+}
+
+double dev_util(const Device& d) {
+  check_exists(d, "dev_util");
+  if (d.kind == DeviceKind::cpu) {
+    CpuTimes a = cpu_times();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CpuTimes b = cpu_times();
+    uint64_t total = b.total - a.total;
+    return total ? 100.0 * double(b.busy - a.busy) / double(total) : 0.0;
+  }
+  if (d.kind == DeviceKind::cuda) {
+    Nvml::Utilization u{};
+    OPFORGE_CHECK(nvml().utilization(nvml().device(d.index), &u) == 0)
+        << d.str() << ": NVML utilization query failed";
+    return u.gpu;
+  }
+  OPFORGE_CHECK(false) << "dev_util: " << d.str()
+                       << " has no driver-side utilization; it comes from the runtime's busy time "
+                          "with OpenCL kernels";
+  return 0;
+}
+
+Device default_device() {
+  DefaultStack& s = default_stack();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.stack.empty() ? Device{} : s.stack.back();
+}
+
+void set_default_device(const Device& d) {
+  check_exists(d, "set_default_device");
+  DefaultStack& s = default_stack();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.stack.push_back(d);
+}
+
+void unset_default_device() {
+  DefaultStack& s = default_stack();
+  std::lock_guard<std::mutex> lock(s.mu);
+  OPFORGE_CHECK(!s.stack.empty()) << "unset_default_device: no default device was set";
+  s.stack.pop_back();
+}
+
+std::vector<std::string> function_supported_devices(const std::string& op) {
+  // A kernel's target names its device kind: the x86 feature levels are CPU kernels.
+  std::set<std::string> kinds;
+  for (const auto& [key, g] : op_info(op).groups)
+    for (const auto& v : g.variants) {
+      std::string t = v.kernel->target;
+      kinds.insert(t == "avx512" || t == "avx2" || t == "sse41" ? "cpu" : t);
+    }
+  return {kinds.begin(), kinds.end()};
+}
+
+}  // namespace opforge
