@@ -1,6 +1,6 @@
 // The `opforge` command line: `info` lists the devices and every registered op with its dtypes
-// and kernel variants; `bench` compares opforge with peer libraries (bench.hpp). Text for
-// people, --json for scripts. Runtime errors exit 1, bad arguments 2.
+// and kernel variants; `bench` compares opforge with peer libraries (tests/bench/peers.hpp). Text
+// for people, --json for scripts. Runtime errors exit 1, bad arguments 2.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench.hpp"
 #include "opforge/device.hpp"
 #include "opforge/registry.hpp"
+#include "peers.hpp"
 
 namespace opforge::cli {
 namespace {

@@ -1,6 +1,6 @@
 // The benchmarks of `opforge bench`. Each times opforge and its peer in this process, the median
 // of several repeats, after checking once that both computed the same thing.
-#include "bench.hpp"
+#include "peers.hpp"
 
 #include <cblas.h>
 
