@@ -224,17 +224,18 @@ int run_bench(bool json, const std::string& filter, int repeats) {
                      {"ours", r.ours},
                      {"peer_name", r.peer_name},
                      {"peer", r.peer},
-                     {"ratio", r.ratio}});
+                     {"ratio", r.ratio},
+                     {"variant", r.variant}});
     }
     std::cout << out.dump(2) << '\n';
     return 0;
   }
-  Table table({"name", "unit", "ours", "peer_name", "peer", "ratio"},
-              {false, false, true, false, true, true});
+  Table table({"name", "unit", "ours", "peer_name", "peer", "ratio", "variant"},
+              {false, false, true, false, true, true, false});
   for (const BenchResult& r : results) {
     const bool has_peer = r.peer > 0;
     table.add({r.name, r.unit, fixed(r.ours), r.peer_name, has_peer ? fixed(r.peer) : "-",
-               has_peer ? fixed(r.ratio) + "x" : "-"});
+               has_peer ? fixed(r.ratio) + "x" : "-", r.variant});
   }
   table.print(std::cout);
   std::cout << "\nratio > 1: opforge is better (throughput: ours/peer; time per call: "

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -137,7 +138,7 @@ void check_shape(const std::string& bench, const Tensor& t, const Shape& expecte
 
 BenchResult make_result(const std::string& name, const std::string& unit, double ours,
                         const std::string& peer_name, double peer) {
-  BenchResult r{name, unit, ours, peer_name, peer, 0};
+  BenchResult r{name, unit, ours, peer_name, peer, 0, ""};
   if (ours > 0 && peer > 0) r.ratio = higher_is_better(unit) ? ours / peer : peer / ours;
   return r;
 }
@@ -333,6 +334,18 @@ BenchResult bench_dispatch_add_4(const BenchOptions& o) {
                      "pytorch_eager_cpp_reference", kPytorchEagerUsPerCall);
 }
 
+// For each op called since the last reset, the variant that ran most often.
+std::string chosen_variants() {
+  std::map<std::string, std::pair<int64_t, std::string>> best;
+  for (const DispatchStat& st : dispatch_stats()) {
+    auto& b = best[st.op];
+    if (st.calls > b.first) b = {st.calls, st.variant};
+  }
+  std::string out;
+  for (const auto& [op, b] : best) out += (out.empty() ? "" : ", ") + op + "/" + b.second;
+  return out;
+}
+
 struct Benchmark {
   std::string name;
   std::function<BenchResult(const BenchOptions&)> run;
@@ -379,7 +392,11 @@ std::vector<BenchResult> run_benchmarks(const BenchOptions& options) {
   for (const Benchmark& b : benchmarks()) {
     if (!std::regex_search(b.name, filter)) continue;
     if (options.on_start) options.on_start(b.name);
+    // Each benchmark starts from an empty performance model, so its warm-up calibrates the
+    // variants for its shapes and the statistics afterwards name what the dispatcher chose.
+    reset_performance_model();
     results.push_back(b.run(options));
+    results.back().variant = chosen_variants();
   }
   if (results.empty()) {
     std::ostringstream names;

@@ -22,7 +22,8 @@ struct BenchResult {
   double ours = 0;
   std::string peer_name;  // "none" when the peer library was not built in
   double peer = 0;
-  double ratio = 0;  // > 1: opforge is better; 0 when there is no peer figure
+  double ratio = 0;     // > 1: opforge is better; 0 when there is no peer figure
+  std::string variant;  // the kernel variant(s) the dispatcher ran most, "op/variant"
 };
 
 // True for throughput units, false for time units ("us/call").
