@@ -52,11 +52,13 @@ struct CpuTarget {
   std::string halide;  // Halide target string (no_runtime: one shared runtime is linked)
 };
 
-// Never `host`: the library runs on machines other than the build machine.
+// Never `host`: the library runs on machines other than the build machine. `user_context` makes
+// every kernel carry the logical CPU device whose thread pool runs its parallel loops.
 inline std::vector<CpuTarget> cpu_targets() {
-  return {{"avx512", "x86-64-linux-sse41-avx-f16c-fma-avx2-avx512-avx512_skylake-no_runtime"},
-          {"avx2", "x86-64-linux-sse41-avx-f16c-fma-avx2-no_runtime"},
-          {"sse41", "x86-64-linux-sse41-no_runtime"}};
+  return {{"avx512",
+           "x86-64-linux-sse41-avx-f16c-fma-avx2-avx512-avx512_skylake-user_context-no_runtime"},
+          {"avx2", "x86-64-linux-sse41-avx-f16c-fma-avx2-user_context-no_runtime"},
+          {"sse41", "x86-64-linux-sse41-user_context-no_runtime"}};
 }
 
 // IEEE semantics (NaN and Inf propagate, no fast-math folding of NaN checks) for the families whose

@@ -205,7 +205,8 @@ TEST(DispatchReal, RealKernelErrorIsCaughtNotAborted) {
   e.n = 6;
   for (int i = 0; i < 6; i++) e.e[i] = 1;
   e.e[0] = 4;
-  void* args[3] = {nullptr, nullptr, nullptr};
+  void* context = nullptr;
+  void* args[4] = {&context, nullptr, nullptr, nullptr};
   EXPECT_THROW(dispatch(g, e, args), Error);
 }
 

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cpu_devices.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
 
@@ -139,7 +140,20 @@ std::vector<DeviceInfo> discover() {
       cpu_name = line.substr(line.find(':') + 2);
       break;
     }
-  out.push_back({{DeviceKind::cpu, 0}, cpu_name, meminfo_kib("MemTotal") * 1024});
+  uint64_t ram = meminfo_kib("MemTotal") * 1024;
+  const auto& pools = detail::cpu_pools();
+  if (pools.empty()) out.push_back({{DeviceKind::cpu, 0}, cpu_name, ram, num_cpu_cores(true)});
+  for (size_t i = 0; i < pools.size(); i++) {
+    std::string cores;
+    for (int c : pools[i]->cores()) {
+      if (!cores.empty()) cores += ",";
+      cores += std::to_string(c);
+    }
+    out.push_back({{DeviceKind::cpu, int(i)},
+                   cpu_name + " (cores " + cores + ")",
+                   ram,
+                   int(pools[i]->cores().size())});
+  }
   const OpenCL& cl = opencl();
   for (size_t i = 0; i < cl.ids.size(); i++) {
     constexpr unsigned kName = 0x102B, kGlobalMem = 0x101F;
@@ -166,7 +180,10 @@ std::vector<DeviceInfo> discover() {
 
 std::string known_devices() {
   std::string s;
-  for (const auto& d : devices()) s += (s.empty() ? "" : ", ") + d.device.str();
+  for (const auto& d : devices()) {
+    if (!s.empty()) s += ", ";
+    s += d.device.str();
+  }
   return s;
 }
 
@@ -191,21 +208,18 @@ CpuTimes cpu_times() {
   return t;
 }
 
-struct DefaultStack {
-  std::mutex mu;
-  std::vector<Device> stack;
-};
-DefaultStack& default_stack() {
-  static DefaultStack s;
-  return s;
+// Each thread has its own default-device stack, so threads driving different devices do not see
+// each other's scopes.
+std::vector<Device>& default_stack() {
+  thread_local std::vector<Device> stack;
+  return stack;
 }
 
 }  // namespace
 
 std::string Device::str() const {
-  return kind == DeviceKind::cpu && index == 0
-             ? "cpu"
-             : std::string(kind_name(kind)) + ":" + std::to_string(index);
+  bool plain_cpu = kind == DeviceKind::cpu && index == 0 && detail::cpu_pools().empty();
+  return plain_cpu ? "cpu" : std::string(kind_name(kind)) + ":" + std::to_string(index);
 }
 
 Device parse_device(std::string_view name) {
@@ -317,6 +331,16 @@ double percent_used_mem_on_dev(const Device& d, bool process_only) {
 
 double dev_util(const Device& d) {
   check_exists(d, "dev_util");
+  if (d.kind == DeviceKind::cpu && !detail::cpu_pools().empty()) {
+    // A logical device's utilization is its pool's busy time.
+    const auto& pool = *detail::cpu_pools()[size_t(d.index)];
+    double b0 = pool.busy_seconds();
+    auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::min(100.0,
+                    100.0 * (pool.busy_seconds() - b0) / (wall * double(pool.cores().size())));
+  }
   if (d.kind == DeviceKind::cpu) {
     CpuTimes a = cpu_times();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -337,23 +361,38 @@ double dev_util(const Device& d) {
 }
 
 Device default_device() {
-  DefaultStack& s = default_stack();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.stack.empty() ? Device{} : s.stack.back();
+  const auto& s = default_stack();
+  return s.empty() ? Device{} : s.back();
 }
 
 void set_default_device(const Device& d) {
   check_exists(d, "set_default_device");
-  DefaultStack& s = default_stack();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.stack.push_back(d);
+  default_stack().push_back(d);
 }
 
 void unset_default_device() {
-  DefaultStack& s = default_stack();
-  std::lock_guard<std::mutex> lock(s.mu);
-  OPFORGE_CHECK(!s.stack.empty()) << "unset_default_device: no default device was set";
-  s.stack.pop_back();
+  auto& s = default_stack();
+  OPFORGE_CHECK(!s.empty()) << "unset_default_device: no default device was set on this thread";
+  s.pop_back();
+}
+
+std::vector<DeviceStats> device_stats() {
+  std::vector<DeviceStats> out;
+  const auto& pools = detail::cpu_pools();
+  for (size_t i = 0; i < pools.size(); i++)
+    out.push_back({{DeviceKind::cpu, int(i)},
+                   pools[i]->tasks(),
+                   pools[i]->foreign_tasks(),
+                   pools[i]->busy_seconds()});
+  return out;
+}
+
+void* kernel_context(const std::string& op) {
+  Device d = default_device();
+  OPFORGE_CHECK(d.kind == DeviceKind::cpu) << op << ": the default device is " << d.str()
+                                           << ", which has no kernels yet; run it on the cpu";
+  const auto& pools = detail::cpu_pools();
+  return pools.empty() ? nullptr : pools[size_t(d.index)].get();
 }
 
 std::vector<std::string> function_supported_devices(const std::string& op) {

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "opforge/device.hpp"
 #include "opforge/error.hpp"
 
 namespace opforge {
@@ -251,6 +252,8 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
     if (slot >= 0) clock = s.clock;
   }
   const VariantInfo& v = g.variants[variant];
+  // Argument 0 is the kernel's user context: the default device's thread pool.
+  if (args && args[0]) *static_cast<void**>(args[0]) = kernel_context(g.op->name);
   double t0 = 0;
   if (slot >= 0) t0 = clock ? clock() : steady_seconds();
   halide_error_message.clear();

@@ -46,8 +46,11 @@ View view_of(const Tensor& t);
 // A view of a contiguous tensor with the given extents (innermost first).
 View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
 
+// Argument 0 of every kernel is its Halide user context (the logical CPU device whose thread pool
+// runs its parallel loops); dispatch() fills it in.
 class KernelArgs {
  public:
+  KernelArgs() { args_[na_++] = &context_; }
   void buffer(const View& v);
   void attrs(const OpInfo& op, const AttrValues& values);
   void** argv() { return args_.data(); }
@@ -61,6 +64,7 @@ class KernelArgs {
   std::array<double, 8> f_{};
   std::array<int32_t, 8> i_{};
   std::array<void*, 16> args_{};
+  void* context_ = nullptr;
   int nb_ = 0, nf_ = 0, ni_ = 0, na_ = 0;
 };
 

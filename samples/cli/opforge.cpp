@@ -86,8 +86,7 @@ std::vector<DeviceRow> device_rows() {
   for (const DeviceInfo& d : opforge::devices()) {
     bool cpu = d.device.kind == DeviceKind::cpu;
     rows.push_back({d.device.str(), d.device.str().substr(0, d.device.str().find(':')), d.name,
-                    cpu ? cpu_target() : "", cpu ? unsigned(num_cpu_cores(true)) : 0u,
-                    d.total_memory});
+                    cpu ? cpu_target() : "", unsigned(d.cores), d.total_memory});
   }
   return rows;
 }

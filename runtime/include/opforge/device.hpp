@@ -1,6 +1,7 @@
 // Devices and the device API users know from unified frameworks: discovery, memory and utilization
-// queries, and a default-device stack with an RAII scope. GPU drivers (NVML, OpenCL ICD) are loaded
-// dynamically: a machine without them simply has no such devices.
+// queries, and a default-device stack with an RAII scope. OPFORGE_CPU_DEVICES ("0;1", "0-7;8-15")
+// splits the CPU into logical devices cpu:0, cpu:1, ... with their own thread pools. GPU drivers
+// (NVML, OpenCL ICD) are loaded dynamically: a machine without them simply has no such devices.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,6 +27,7 @@ struct DeviceInfo {
   Device device;
   std::string name;       // model or platform name
   uint64_t total_memory;  // bytes
+  int cores = 0;          // CPU devices: how many cores it runs on
 };
 // Every device found at start-up, the CPU first.
 const std::vector<DeviceInfo>& devices();
@@ -43,7 +45,7 @@ double percent_used_mem_on_dev(const Device& d, bool process_only = false);
 // Utilization in percent: CPU from /proc/stat over a 50 ms window, CUDA from NVML.
 double dev_util(const Device& d);
 
-// The device ops use when nothing else decides: the top of a stack, "cpu" when empty.
+// The device ops use when nothing else decides: the top of this thread's stack, cpu when empty.
 Device default_device();
 void set_default_device(const Device& d);  // pushes
 void unset_default_device();               // pops; an Error when the stack is empty
@@ -57,6 +59,19 @@ class DefaultDevice {
   DefaultDevice(const DefaultDevice&) = delete;
   DefaultDevice& operator=(const DefaultDevice&) = delete;
 };
+
+// Work done by each logical CPU device (OPFORGE_CPU_DEVICES); empty without logical devices.
+struct DeviceStats {
+  Device device;
+  int64_t tasks = 0;               // parallel-loop iterations run by its pool
+  int64_t foreign_core_tasks = 0;  // of those, run on a core outside the device (should be 0)
+  double busy_seconds = 0;
+};
+std::vector<DeviceStats> device_stats();
+
+// The Halide user context a kernel call runs with: the default device's thread pool (null for the
+// process-wide pool). An Error when the default device has no kernels.
+void* kernel_context(const std::string& op);
 
 // The device kinds some variant of the op runs on ("cpu" today; GPU kinds with their kernels).
 std::vector<std::string> function_supported_devices(const std::string& op);

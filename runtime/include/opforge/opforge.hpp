@@ -1,4 +1,5 @@
-// Everything a program using opforge includes: tensors, ops, devices, the registry and the dispatcher.
+// Everything a program using opforge includes: tensors, ops, devices, the registry and the
+// dispatcher.
 #pragma once
 #include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
