@@ -8,7 +8,6 @@
 #include <charconv>
 #include <chrono>
 #include <fstream>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>

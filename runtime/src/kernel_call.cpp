@@ -150,6 +150,23 @@ CallExtents extents_of(const View& v) {
   return c;
 }
 
+void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst) {
+  std::vector<const Shape*> strides = {&src.strides(), &dst.strides()};
+  std::vector<View> views(2);
+  if (!collapse(dst.shape(), strides, views)) {
+    for (int64_t i = 0; i < dst.size(0); i++) run_strided(g, src.select(0, i), dst.select(0, i));
+    return;
+  }
+  views[0].host = src.data();
+  views[0].dtype = src.dtype();
+  views[1].host = dst.data();
+  views[1].dtype = dst.dtype();
+  KernelArgs args;
+  args.buffer(views[0]);
+  args.buffer(views[1]);
+  dispatch(g, extents_of(views[1]), args.argv());
+}
+
 CallExtents extents(std::initializer_list<int64_t> e) {
   CallExtents c;
   for (auto x : e) c.e[c.n++] = x;

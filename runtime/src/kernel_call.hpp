@@ -16,6 +16,13 @@ namespace opforge::detail {
 
 inline constexpr int kMaxDims = 6;
 
+// The registry entry of a built-in op, looked up once per call site (a function-local static).
+#define OPFORGE_OP(name)                                           \
+  ([]() -> const ::opforge::OpInfo& {                              \
+    static const ::opforge::OpInfo& op = ::opforge::op_info(name); \
+    return op;                                                     \
+  }())
+
 inline halide_type_t halide_type_of(DType t) {
   switch (t) {
     case DType::Bool:
@@ -78,6 +85,10 @@ Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs);
 Shape broadcast_shapes(const char* op, const std::vector<Shape>& shapes);
 
 CallExtents extents_of(const View& v);
+
+// Runs a one-input 6-D strided kernel (copy, cast) from src to dst, same shape, any strides. With
+// more independent strides than one kernel takes, it makes one call per slice of the outer dim.
+void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst);
 CallExtents extents(std::initializer_list<int64_t> e);
 
 int wrap_axis(const char* op, int axis, int rank);

@@ -142,24 +142,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   const KernelGroup& g =
       op.group(std::string(dtype_name(x.dtype())) + "_to_" + std::string(dtype_name(dtype)));
   Tensor out = Tensor::empty(x.shape(), dtype);
-  if (out.numel() == 0) return out;
-  std::vector<const Shape*> strides = {&x.strides(), &out.strides()};
-  std::vector<View> views(2);
-  Tensor src = x;
-  if (!collapse(x.shape(), strides, views)) {
-    src = Tensor::empty(x.shape(), x.dtype());
-    copy_into(src, x);
-    strides[0] = &src.strides();
-    collapse(x.shape(), strides, views);
-  }
-  views[0].host = src.data();
-  views[0].dtype = src.dtype();
-  views[1].host = out.data();
-  views[1].dtype = dtype;
-  KernelArgs args;
-  args.buffer(views[0]);
-  args.buffer(views[1]);
-  dispatch(g, extents_of(views[1]), args.argv());
+  if (out.numel() > 0) run_strided(g, x, out);
   return out;
 }
 

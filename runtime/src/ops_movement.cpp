@@ -42,23 +42,7 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
            "tensor";
   // A source that overlaps the destination in memory is read completely before any write.
   if (src.storage() == dst.storage() && overlaps(src, dst)) src = src.clone();
-  Tensor s = src.expand(dst.shape());
-  std::vector<const Shape*> strides = {&s.strides(), &dst.strides()};
-  std::vector<View> views(2);
-  if (!collapse(dst.shape(), strides, views)) {
-    // Too many independent strides for one kernel: one call per slice of the outermost dim.
-    for (int64_t i = 0; i < dst.size(0); i++) copy_into(dst.select(0, i), s.select(0, i));
-    return;
-  }
-  const KernelGroup& g = op.group(std::string(dtype_name(dst.dtype())));
-  views[0].host = s.data();
-  views[0].dtype = s.dtype();
-  views[1].host = dst.data();
-  views[1].dtype = dst.dtype();
-  KernelArgs args;
-  args.buffer(views[0]);
-  args.buffer(views[1]);
-  dispatch(g, extents_of(views[1]), args.argv());
+  run_strided(op.group(std::string(dtype_name(dst.dtype()))), src.expand(dst.shape()), dst);
 }
 
 Tensor concat(const std::vector<Tensor>& xs, int axis) {

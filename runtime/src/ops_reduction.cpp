@@ -123,15 +123,15 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   return out;
 }
 
-Tensor reduce_named(const char* name, const Tensor& x, const std::vector<int>& axes, bool keepdims,
+Tensor reduce_named(const OpInfo& op, const Tensor& x, const std::vector<int>& axes, bool keepdims,
                     const AttrValues& attrs = {}) {
-  return run_reduction(op_info(name), x, axes, keepdims, attrs, {});
+  return run_reduction(op, x, axes, keepdims, attrs, {});
 }
 
-Tensor arg_reduce(const char* name, const Tensor& x, std::optional<int> axis, bool keepdims) {
-  OPFORGE_CHECK(x.defined()) << name << ": input is undefined";
-  if (axis) return reduce_named(name, x, {*axis}, keepdims);
-  Tensor r = reduce_named(name, x.reshape({-1}), {0}, false);
+Tensor arg_reduce(const OpInfo& op, const Tensor& x, std::optional<int> axis, bool keepdims) {
+  OPFORGE_CHECK(x.defined()) << op.name << ": input is undefined";
+  if (axis) return reduce_named(op, x, {*axis}, keepdims);
+  Tensor r = reduce_named(op, x.reshape({-1}), {0}, false);
   return keepdims ? r.reshape(Shape(size_t(x.dim()), 1)) : r;
 }
 
@@ -143,35 +143,37 @@ Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, 
 }
 
 Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("sum", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("sum"), x, axes, keepdims);
 }
 Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("mean", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("mean"), x, axes, keepdims);
 }
 Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("prod", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("prod"), x, axes, keepdims);
 }
 Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("max", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("max"), x, axes, keepdims);
 }
 Tensor min(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("min", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("min"), x, axes, keepdims);
 }
 Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named("logsumexp", x, axes, keepdims);
+  return reduce_named(OPFORGE_OP("logsumexp"), x, axes, keepdims);
 }
 Tensor var(const Tensor& x, const std::vector<int>& axes, bool keepdims, double ddof) {
-  return reduce_named("var", x, axes, keepdims, {ddof});
+  return reduce_named(OPFORGE_OP("var"), x, axes, keepdims, {ddof});
 }
 Tensor argmax(const Tensor& x, std::optional<int> axis, bool keepdims) {
-  return arg_reduce("argmax", x, axis, keepdims);
+  return arg_reduce(OPFORGE_OP("argmax"), x, axis, keepdims);
 }
 Tensor argmin(const Tensor& x, std::optional<int> axis, bool keepdims) {
-  return arg_reduce("argmin", x, axis, keepdims);
+  return arg_reduce(OPFORGE_OP("argmin"), x, axis, keepdims);
 }
-Tensor softmax(const Tensor& x, int axis) { return reduce_named("softmax", x, {axis}, true); }
+Tensor softmax(const Tensor& x, int axis) {
+  return reduce_named(OPFORGE_OP("softmax"), x, {axis}, true);
+}
 Tensor log_softmax(const Tensor& x, int axis) {
-  return reduce_named("log_softmax", x, {axis}, true);
+  return reduce_named(OPFORGE_OP("log_softmax"), x, {axis}, true);
 }
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
