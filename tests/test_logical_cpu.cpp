@@ -12,7 +12,10 @@
 namespace {
 using namespace opforge;
 
-bool configured() { return !device_stats().empty(); }
+bool configured() {
+  const char* v = std::getenv("OPFORGE_CPU_DEVICES");
+  return v && *v;
+}
 
 int64_t tasks_of(int index) {
   for (const auto& s : device_stats())
@@ -30,22 +33,96 @@ TEST(LogicalCpu, DevicesFollowTheEnvironment) {
   EXPECT_THROW(parse_device("cpu:9"), Error);
 }
 
-TEST(LogicalCpu, KernelsRunOnTheDefaultDevicesCoresOnly) {
+TEST(LogicalCpu, KernelsRunOnThePinnedDevicesCoresOnly) {
   if (!configured() || device_stats().size() < 2) GTEST_SKIP() << "needs two logical CPU devices";
   Generator g(11);
   Tensor a = Tensor::randn({256, 256}, DType::Float32, g),
          b = Tensor::randn({256, 256}, DType::Float32, g);
-  Tensor want = matmul(a, b);  // on cpu:0, the default
+  Tensor want;
+  {
+    DefaultDevice scope("cpu:0");
+    want = matmul(a, b);
+  }
+  synchronize();
   int64_t t0 = tasks_of(0), t1 = tasks_of(1);
   Tensor got;
   {
     DefaultDevice scope("cpu:1");
     for (int i = 0; i < 5; i++) got = matmul(a, b);
   }
+  synchronize();
   EXPECT_GT(tasks_of(1), t1);
   EXPECT_EQ(tasks_of(0), t0);
   for (const auto& s : device_stats()) EXPECT_EQ(s.foreign_core_tasks, 0) << s.device.str();
   EXPECT_EQ(got.to_double_vector(), want.to_double_vector());
+}
+
+// Calls return before their kernels run; a call on one device that reads a tensor another device
+// is still computing waits for it, and a host read waits for everything it depends on.
+TEST(LogicalCpu, ChainsAcrossDevicesSeeTheirInputs) {
+  if (!configured() || device_stats().size() < 2) GTEST_SKIP() << "needs two logical CPU devices";
+  Generator g(5);
+  Tensor x = Tensor::rand({1 << 18}, DType::Float32, g);
+  std::vector<float> xv = x.to_vector<float>();
+  Tensor y, z;
+  for (int round = 0; round < 20; round++) {
+    {
+      DefaultDevice scope("cpu:0");
+      y = mul(x, 2.0);
+      y = add(y, 1.0);
+    }
+    {
+      DefaultDevice scope("cpu:1");
+      z = sub(y, x);  // (2x + 1) - x
+    }
+    {
+      DefaultDevice scope("cpu:0");
+      copy_into(y, z);  // overwrites y while cpu:1 may still read it
+    }
+  }
+  std::vector<float> yv = y.to_vector<float>(), zv = z.to_vector<float>();
+  for (size_t i = 0; i < xv.size(); i += 997) {
+    EXPECT_FLOAT_EQ(zv[i], xv[i] + 1.0f) << i;
+    EXPECT_FLOAT_EQ(yv[i], xv[i] + 1.0f) << i;
+  }
+}
+
+int64_t calls_on(const std::string& op, int device) {
+  int64_t n = 0;
+  for (const auto& s : dispatch_stats())
+    if (s.op == op && s.device.index == device) n += s.calls;
+  return n;
+}
+
+// Without a pinned device, independent calls spread over both devices (which one is cheaper under
+// load is tested on synthetic data in test_scheduler.cpp and measured by opforge bench
+// --scheduler).
+TEST(LogicalCpu, AutomaticPlacementUsesBothDevices) {
+  if (!configured() || device_stats().size() < 2) GTEST_SKIP() << "needs two logical CPU devices";
+  Generator g(3);
+  std::vector<Tensor> as, bs;
+  for (int i = 0; i < 4; i++) {
+    as.push_back(Tensor::randn({192, 192}, DType::Float32, g));
+    bs.push_back(Tensor::randn({192, 192}, DType::Float32, g));
+  }
+  auto stream = [&](int n) {
+    std::vector<Tensor> out;
+    for (int i = 0; i < n; i++) out.push_back(matmul(as[size_t(i % 4)], bs[size_t(i % 4)]));
+    synchronize();
+    return out;
+  };
+  stream(60);  // calibration on both devices
+  int64_t a0 = calls_on("matmul", 0), a1 = calls_on("matmul", 1);
+  std::vector<Tensor> out = stream(200);
+  EXPECT_GT(calls_on("matmul", 0) - a0, 40);
+  EXPECT_GT(calls_on("matmul", 1) - a1, 40);
+  Tensor want;
+  {
+    DefaultDevice scope("cpu:0");
+    want = matmul(as[1], bs[1]);
+  }
+  EXPECT_EQ(out[1].to_double_vector(), want.to_double_vector());
+  EXPECT_EQ(out[5].to_double_vector(), want.to_double_vector());
 }
 
 TEST(LogicalCpu, UtilizationIsThePoolsBusyTime) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,19 +25,46 @@ class CpuPool {
   int64_t tasks() const { return tasks_.load(); }
   int64_t foreign_tasks() const { return foreign_.load(); }  // run on a core outside the set
   double busy_seconds() const { return double(busy_ns_.load()) * 1e-9; }
+  std::vector<int> thread_ids() const;  // kernel thread ids of the workers
 
  private:
   struct Job;
   void worker();
   std::vector<int> cores_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
+  std::vector<int> tids_;
+  mutable std::mutex mu_;
   std::condition_variable wake_, done_;
   Job* job_ = nullptr;
   uint64_t job_serial_ = 0;
   bool stop_ = false;
   std::mutex run_mu_;  // one parallel loop at a time per device
   std::atomic<int64_t> tasks_{0}, foreign_{0}, busy_ns_{0};
+};
+
+// How much a device's work is slowed down by work that is not ours, as a factor (1: nothing else
+// runs there). While our threads run, it is their (running + waiting for a core) / running time
+// from the kernel's scheduler statistics; while they idle, 1 + the share of the device's cores
+// busy with other work (/proc/stat). Refreshed at most every `period` seconds.
+class LoadMeter {
+ public:
+  // threads: our threads that run on the device's cores; empty means the whole process.
+  LoadMeter(std::vector<int> cores, std::function<std::vector<int>()> threads);
+  double sample(double period = 0.1);
+  double last() const;
+
+ private:
+  struct Snapshot {
+    double time = 0;
+    double run = 0, wait = 0;      // seconds, of our threads
+    uint64_t busy = 0, total = 0;  // ticks of the device's cores, all processes
+  };
+  Snapshot take() const;
+  std::vector<int> cores_;
+  std::function<std::vector<int>()> threads_;
+  mutable std::mutex mu_;
+  Snapshot prev_;
+  double factor_ = 1;
 };
 
 // The configured logical devices; empty when OPFORGE_CPU_DEVICES is unset (one device, "cpu",

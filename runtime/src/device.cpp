@@ -369,29 +369,12 @@ void set_default_device(const Device& d) {
   default_stack().push_back(d);
 }
 
+bool default_device_is_set() { return !default_stack().empty(); }
+
 void unset_default_device() {
   auto& s = default_stack();
   OPFORGE_CHECK(!s.empty()) << "unset_default_device: no default device was set on this thread";
   s.pop_back();
-}
-
-std::vector<DeviceStats> device_stats() {
-  std::vector<DeviceStats> out;
-  const auto& pools = detail::cpu_pools();
-  for (size_t i = 0; i < pools.size(); i++)
-    out.push_back({{DeviceKind::cpu, int(i)},
-                   pools[i]->tasks(),
-                   pools[i]->foreign_tasks(),
-                   pools[i]->busy_seconds()});
-  return out;
-}
-
-void* kernel_context(const std::string& op) {
-  Device d = default_device();
-  OPFORGE_CHECK(d.kind == DeviceKind::cpu) << op << ": the default device is " << d.str()
-                                           << ", which has no kernels yet; run it on the cpu";
-  const auto& pools = detail::cpu_pools();
-  return pools.empty() ? nullptr : pools[size_t(d.index)].get();
 }
 
 std::vector<std::string> function_supported_devices(const std::string& op) {

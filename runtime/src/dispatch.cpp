@@ -1,17 +1,23 @@
-// Variant selection per call from measured history, and the call into the generated kernel.
+// Device and variant selection per call, and running the chosen kernel: on the caller's thread
+// for the plain CPU device, on a device's queue for the logical CPU devices.
 #include "opforge/dispatch.hpp"
 
 #include <HalideRuntime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 
-#include "opforge/device.hpp"
+#include "cpu_devices.hpp"
+#include "device_queue.hpp"
+#include "kernel_call.hpp"
 #include "opforge/error.hpp"
+#include "storage.hpp"
 
 namespace opforge {
 namespace {
@@ -32,20 +38,14 @@ double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-struct VariantStats {
-  std::vector<double> calibration;  // samples taken while calibrating
-  double estimate = 0;              // seconds per call
-  int outliers = 0;                 // consecutive re-timings far above the estimate
-};
-
-struct Entry {
-  std::vector<int> eligible;  // indices into the group's variants
-  std::vector<VariantStats> stats;
-  int calibration_issued = 0;  // calibration runs handed out (several threads may calibrate)
-  int calibration_done = 0;
-  int best = 0;  // index into eligible
-  uint64_t calls = 0;
-  int explore_next = 0;
+// A device that runs kernels: its thread pool (null: Halide's default pool), its queue (null: calls
+// run on the caller's thread) and how its load is measured.
+struct ExecDevice {
+  Device device;
+  detail::CpuPool* pool = nullptr;
+  std::unique_ptr<detail::DeviceQueue> queue;
+  std::unique_ptr<detail::LoadMeter> meter;
+  std::atomic<int64_t> calls{0};
 };
 
 struct CallStats {
@@ -53,37 +53,95 @@ struct CallStats {
   double seconds = 0;
 };
 
+// OPFORGE_LOG is a comma-separated list of what to log ("dispatch").
+bool log_enabled(std::string_view what) {
+  const char* v = std::getenv("OPFORGE_LOG");
+  std::istringstream items(v ? v : "");
+  for (std::string item; std::getline(items, item, ',');)
+    if (item == what) return true;
+  return false;
+}
+
+DevicePolicy initial_device_policy() {
+  const char* v = std::getenv("OPFORGE_DEVICE_POLICY");
+  if (!v || !*v || std::string(v) == "auto") return DevicePolicy::automatic;
+  if (std::string(v) == "round_robin") return DevicePolicy::round_robin;
+  throw Error("OPFORGE_DEVICE_POLICY: '" + std::string(v) + "' is not auto or round_robin");
+}
+
 struct State {
-  std::mutex mu;
-  std::unordered_map<uint64_t, Entry> model;
-  std::unordered_map<uint64_t, CallStats> calls;  // by (group, variant index)
+  Scheduler sched;
+  std::mutex mu;                                  // guards what follows
+  std::unordered_map<uint64_t, CallStats> calls;  // by (group, variant, device)
   std::vector<const KernelGroup*> groups_seen;
   Clock clock;
-  DispatchPolicy policy;
   std::string forced;
-  uint64_t generation = 0;  // bumped whenever the model is cleared
+  DevicePolicy device_policy = initial_device_policy();
+  std::atomic<uint64_t> round_robin{0};
+  bool log = log_enabled("dispatch");
+  std::mutex error_mu;
+  std::string queued_error;  // first error of a queued call since synchronize()
+  std::vector<std::unique_ptr<ExecDevice>> devices;
+
   State() {
     if (const char* v = std::getenv("OPFORGE_VARIANT")) forced = v;
     halide_set_error_handler(halide_error_to_message);
+    const auto& pools = detail::cpu_pools();
+    if (pools.empty()) {
+      auto d = std::make_unique<ExecDevice>();
+      std::vector<int> all(static_cast<size_t>(num_cpu_cores(true)));
+      for (size_t i = 0; i < all.size(); i++) all[i] = int(i);
+      d->meter = std::make_unique<detail::LoadMeter>(all, nullptr);
+      devices.push_back(std::move(d));
+    }
+    for (size_t i = 0; i < pools.size(); i++) {
+      auto d = std::make_unique<ExecDevice>();
+      d->device = {DeviceKind::cpu, int(i)};
+      d->pool = pools[i].get();
+      d->queue = std::make_unique<detail::DeviceQueue>(int(i), pools[i]->cores());
+      detail::CpuPool* pool = d->pool;
+      int queue_tid = d->queue->thread_id();
+      d->meter = std::make_unique<detail::LoadMeter>(pool->cores(), [pool, queue_tid] {
+        std::vector<int> t = pool->thread_ids();
+        t.push_back(queue_tid);
+        return t;
+      });
+      devices.push_back(std::move(d));
+    }
+    // Queued calls hold tensors and kernels: let them finish before the process tears down.
+    std::atexit([] { synchronize_quietly(); });
   }
+  static void synchronize_quietly();
 };
 
+// Never destroyed: queued work may still run while other statics are torn down.
 State& state() {
-  static State s;
-  return s;
+  static State* s = new State;
+  return *s;
 }
+
+void State::synchronize_quietly() {
+  for (auto& d : state().devices)
+    if (d->queue) d->queue->drain();
+}
+
+double now_seconds(const Clock& clock) { return clock ? clock() : steady_seconds(); }
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
-// Group (24 bits) | which variants accept these extents (10 bits) | log2 bucket of each extent
+// Group (18 bits) | which variants accept these extents (10 bits) | log2 bucket of each extent
 // (5 bits each). The acceptance mask is part of the key because a bucket spans extents on both
-// sides of a variant's minimum.
+// sides of a variant's minimum. The scheduler adds the device in the top 6 bits.
 uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
-  uint64_t key = uint64_t(g.id) << 40;
+  uint64_t key = uint64_t(g.id & 0x3FFFF) << 40;
   for (size_t v = 0; v < g.variants.size() && v < 10; v++)
     if (variant_accepts(g.variants[v], ext)) key |= uint64_t(1) << (30 + v);
   for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;
+}
+
+uint64_t stats_key(const KernelGroup& g, int variant, int device) {
+  return (uint64_t(g.id) << 24) | (uint64_t(variant) << 8) | uint64_t(device);
 }
 
 bool matches_forced(const std::string& name, const std::string& forced) {
@@ -98,16 +156,18 @@ std::string extents_str(const CallExtents& ext) {
   return os.str();
 }
 
-Entry make_entry(const KernelGroup& g, const CallExtents& ext, const std::string& forced) {
-  Entry e;
+// The variants that may run the call: those the forced name selects and whose minimum is met.
+std::vector<int> eligible_variants(const KernelGroup& g, const CallExtents& ext,
+                                   const std::string& forced) {
   // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
   bool exact = std::any_of(g.variants.begin(), g.variants.end(),
                            [&](const VariantInfo& v) { return v.name == forced; });
+  std::vector<int> out;
   for (size_t i = 0; i < g.variants.size(); i++) {
     bool named = exact ? g.variants[i].name == forced : matches_forced(g.variants[i].name, forced);
-    if (named && variant_accepts(g.variants[i], ext)) e.eligible.push_back(int(i));
+    if (named && variant_accepts(g.variants[i], ext)) out.push_back(int(i));
   }
-  if (e.eligible.empty()) {
+  if (out.empty()) {
     std::ostringstream os;
     os << g.op->name << " (" << g.dtype_key << "): no variant";
     if (!forced.empty()) os << " named '" << forced << "'";
@@ -119,42 +179,124 @@ Entry make_entry(const KernelGroup& g, const CallExtents& ext, const std::string
     }
     throw Error(os.str());
   }
-  e.stats.resize(e.eligible.size());
-  return e;
+  return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// The index of a device in the table of devices that run kernels, or an Error.
+int exec_index(const State& s, const Device& d, const std::string& op) {
+  for (size_t i = 0; i < s.devices.size(); i++)
+    if (s.devices[i]->device == d) return int(i);
+  throw Error(op + ": the default device is " + d.str() +
+              ", which has no kernels in this build; run it on a cpu device");
 }
 
-void update_after_timing(Entry& e, int slot, double seconds, bool calibrating,
-                         const DispatchPolicy& p) {
-  VariantStats& s = e.stats[slot];
-  if (calibrating) {
-    s.calibration.push_back(seconds);
-    s.estimate = median(s.calibration);
-    e.calibration_done++;
-  } else if (seconds > 3 * s.estimate && s.estimate > 0) {
-    // A page fault or a preempted thread must not move the estimate; a lasting change will.
-    if (++s.outliers >= 3) {
-      s.estimate = seconds;
-      s.outliers = 0;
+bool pinned() { return default_device_is_set(); }
+
+std::vector<int> candidate_devices(State& s, const std::string& op) {
+  if (pinned()) return {exec_index(s, default_device(), op)};
+  int n = int(s.devices.size());
+  if (n == 1) return {0};
+  DevicePolicy policy;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    policy = s.device_policy;
+  }
+  if (policy == DevicePolicy::round_robin) return {int(s.round_robin++ % uint64_t(n))};
+  std::vector<int> all(static_cast<size_t>(n));
+  for (int i = 0; i < n; i++) all[size_t(i)] = i;
+  return all;
+}
+
+void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, const Decision& d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << "opforge dispatch: " << g.op->name << " " << g.dtype_key << " " << extents_str(ext)
+     << " -> " << s.devices[size_t(d.device)]->device.str() << " "
+     << g.variants[size_t(d.variant)].name;
+  if (d.calibrating) os << " (calibrating)";
+  for (const auto& c : d.costs)
+    os << "\n    " << s.devices[size_t(c.device)]->device.str() << " "
+       << g.variants[size_t(c.variant)].name << ": ready " << c.ready * 1e3 << " ms + transfer "
+       << c.transfer * 1e3 << " ms + run " << c.run * 1e3 << " ms (load " << c.load
+       << ") = " << c.completion * 1e3 << " ms";
+  os << "\n";
+  std::fputs(os.str().c_str(), stderr);
+}
+
+// Chooses (device, variant) for a call; counts the choice. deps: the events of the calls whose
+// results it reads or overwrites: on another device, their predicted end delays its start.
+Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
+                const std::vector<int>& devs, Clock& clock,
+                const std::vector<detail::EventPtr>& deps = {}) {
+  std::vector<Scheduler::Candidate> cands;
+  std::string forced;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    forced = s.forced;
+    clock = s.clock;
+    if (std::find(s.groups_seen.begin(), s.groups_seen.end(), &g) == s.groups_seen.end())
+      s.groups_seen.push_back(&g);
+  }
+  std::vector<int> variants = eligible_variants(g, ext, forced);
+  for (int d : devs) {
+    // Injected time (tests) has nothing to do with this machine's load.
+    s.sched.set_load(d, clock ? 1.0 : s.devices[size_t(d)]->meter->sample());
+    cands.push_back({d, variants});
+  }
+  double now = now_seconds(clock);
+  std::vector<double> inputs_ready;
+  if (devs.size() > 1)
+    for (const auto& e : deps) {
+      if (e->done()) continue;
+      inputs_ready.resize(s.devices.size());
+      for (int d : devs)
+        if (d != e->queue())
+          inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
     }
-  } else {
-    s.outliers = 0;
-    s.estimate = 0.75 * s.estimate + 0.25 * seconds;
+  Decision d = s.sched.decide(bucket_key(g, ext), cands, {}, now, s.log, inputs_ready);
+  if (s.log) log_decision(s, g, ext, d);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.calls[stats_key(g, d.variant, d.device)].calls++;
+  return d;
+}
+
+// Calls the kernel on this thread; returns the error message (empty on success) and the time.
+std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args,
+                       const Clock& clock, double& seconds) {
+  const VariantInfo& v = g.variants[size_t(d.variant)];
+  double t0 = d.timed ? now_seconds(clock) : 0;
+  halide_error_message.clear();
+  int rc = v.kernel->argv(args);
+  s.devices[size_t(d.device)]->calls++;
+  if (rc != 0) {
+    std::string msg = halide_error_message;
+    if (msg.empty()) {
+      std::lock_guard<std::mutex> lock(last_error_mu);
+      msg = last_error.empty() ? "error code " + std::to_string(rc) : last_error;
+    }
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    return g.op->name + " (" + g.dtype_key + ", variant " + v.name + "): kernel failed: " + msg;
   }
-  int total = p.calibration_runs * int(e.eligible.size());
-  if (e.calibration_done >= total) {
-    int best = 0;
-    for (int i = 1; i < int(e.stats.size()); i++)
-      if (e.stats[i].estimate < e.stats[best].estimate) best = i;
-    e.best = best;
-  }
+  seconds = d.timed ? now_seconds(clock) - t0 : 0;
+  return {};
+}
+
+void record_time(State& s, const KernelGroup& g, const Decision& d, double seconds, bool enqueued) {
+  s.sched.finished(d, seconds, enqueued);
+  if (!d.timed) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  CallStats& c = s.calls[stats_key(g, d.variant, d.device)];
+  c.timed++;
+  c.seconds += seconds;
 }
 
 }  // namespace
+
+bool variant_accepts(const VariantInfo& v, const CallExtents& ext) {
+  for (int i = 0; i < ext.n; i++)
+    if (ext.e[i] < v.kernel->min_extents[i]) return false;
+  return true;
+}
 
 void set_clock(Clock clock) {
   State& s = state();
@@ -164,10 +306,11 @@ void set_clock(Clock clock) {
 
 void force_variant(const std::string& name) {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.forced = name;
-  s.model.clear();
-  s.generation++;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.forced = name;
+  }
+  s.sched.reset();
 }
 
 std::string forced_variant() {
@@ -176,109 +319,142 @@ std::string forced_variant() {
   return s.forced;
 }
 
-void set_dispatch_policy(const DispatchPolicy& p) {
-  OPFORGE_CHECK(p.calibration_runs >= 1 && p.retime_every >= 1 && p.explore_every >= 1)
-      << "set_dispatch_policy: every count must be at least 1";
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.policy = p;
-  s.model.clear();
-  s.generation++;
-}
+void set_dispatch_policy(const DispatchPolicy& p) { state().sched.set_policy(p); }
 
 void reset_performance_model() {
   State& s = state();
+  s.sched.reset();
   std::lock_guard<std::mutex> lock(s.mu);
-  s.model.clear();
   s.calls.clear();
-  s.generation++;
+}
+
+void set_device_policy(DevicePolicy p) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.device_policy = p;
+}
+
+DevicePolicy device_policy() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.device_policy;
 }
 
 std::vector<DispatchStat> dispatch_stats() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   std::vector<DispatchStat> out;
-  for (const KernelGroup* g : s.groups_seen) {
-    for (size_t v = 0; v < g->variants.size(); v++) {
-      auto it = s.calls.find((uint64_t(g->id) << 16) | v);
-      if (it == s.calls.end() || it->second.calls == 0) continue;
-      const CallStats& c = it->second;
-      out.push_back({g->op->name, g->dtype_key, g->variants[v].name, c.calls,
-                     c.timed ? c.seconds / double(c.timed) : 0});
+  for (const KernelGroup* g : s.groups_seen)
+    for (size_t v = 0; v < g->variants.size(); v++)
+      for (size_t d = 0; d < s.devices.size(); d++) {
+        auto it = s.calls.find(stats_key(*g, int(v), int(d)));
+        if (it == s.calls.end() || it->second.calls == 0) continue;
+        const CallStats& c = it->second;
+        out.push_back({g->op->name, g->dtype_key, g->variants[v].name, s.devices[d]->device,
+                       c.calls, c.timed ? c.seconds / double(c.timed) : 0});
+      }
+  return out;
+}
+
+std::vector<DeviceStats> device_stats() {
+  State& s = state();
+  std::vector<DeviceStats> out;
+  double now = steady_seconds();
+  for (size_t i = 0; i < s.devices.size(); i++) {
+    const ExecDevice& d = *s.devices[i];
+    DeviceStats st;
+    st.device = d.device;
+    st.kernel_calls = d.calls.load();
+    st.queue_length = s.sched.queue_length(int(i));
+    st.queued_seconds = s.sched.ready_in(int(i), now);
+    st.load = d.meter->sample();
+    if (d.pool) {
+      st.tasks = d.pool->tasks();
+      st.foreign_core_tasks = d.pool->foreign_tasks();
+      st.busy_seconds = d.pool->busy_seconds();
     }
+    out.push_back(st);
   }
   return out;
 }
 
-bool variant_accepts(const VariantInfo& v, const CallExtents& ext) {
-  for (int i = 0; i < ext.n; i++)
-    if (ext.e[i] < v.kernel->min_extents[i]) return false;
-  return true;
+void synchronize() {
+  State& s = state();
+  State::synchronize_quietly();
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(s.error_mu);
+    err.swap(s.queued_error);
+  }
+  if (!err.empty()) throw Error(err);
 }
 
 void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   State& s = state();
-  int variant = 0;
-  int slot = -1;  // >= 0: time this call and feed the model
-  bool calibrating = false;
-  uint64_t key = bucket_key(g, ext), generation;
+  std::vector<int> devs = {pinned() ? exec_index(s, default_device(), g.op->name) : 0};
   Clock clock;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.model.find(key);
-    if (it == s.model.end()) {
-      it = s.model.emplace(key, make_entry(g, ext, s.forced)).first;
-      if (std::find(s.groups_seen.begin(), s.groups_seen.end(), &g) == s.groups_seen.end())
-        s.groups_seen.push_back(&g);
-    }
-    Entry& e = it->second;
-    int n = int(e.eligible.size());
-    if (n == 1) {
-      slot = (++e.calls % uint64_t(s.policy.retime_every)) == 0 ? 0 : -1;
-    } else if (e.calibration_issued < s.policy.calibration_runs * n) {
-      slot = e.calibration_issued++ % n;
-      calibrating = true;
-    } else {
-      ++e.calls;
-      if (e.calls % uint64_t(s.policy.explore_every) == 0) {
-        slot = e.explore_next++ % n;
-      } else if (e.calls % uint64_t(s.policy.retime_every) == 0) {
-        slot = e.best;
-      }
-    }
-    variant = e.eligible[slot >= 0 ? slot : e.best];
-    s.calls[(uint64_t(g.id) << 16) | uint64_t(variant)].calls++;
-    generation = s.generation;
-    if (slot >= 0) clock = s.clock;
-  }
-  const VariantInfo& v = g.variants[variant];
-  // Argument 0 is the kernel's user context: the default device's thread pool.
-  if (args && args[0]) *static_cast<void**>(args[0]) = kernel_context(g.op->name);
-  double t0 = 0;
-  if (slot >= 0) t0 = clock ? clock() : steady_seconds();
-  halide_error_message.clear();
-  int rc = v.kernel->argv(args);
-  if (rc != 0) {
-    std::string msg = halide_error_message;
-    if (msg.empty()) {
-      std::lock_guard<std::mutex> lock(last_error_mu);
-      msg = last_error.empty() ? "error code " + std::to_string(rc) : last_error;
-    }
-    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
-    throw Error(g.op->name + " (" + g.dtype_key + ", variant " + v.name +
-                "): kernel failed: " + msg);
-  }
-  if (slot >= 0) {
-    double seconds = (clock ? clock() : steady_seconds()) - t0;
-    std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.model.find(key);
-    // A model cleared meanwhile (force_variant, reset) has other entries: drop the sample.
-    if (it != s.model.end() && s.generation == generation)
-      update_after_timing(it->second, slot, seconds, calibrating, s.policy);
-    CallStats& c = s.calls[(uint64_t(g.id) << 16) | uint64_t(variant)];
-    c.timed++;
-    c.seconds += seconds;
-  }
+  Decision d = choose(s, g, ext, devs, clock);
+  if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->pool;
+  double seconds = 0;
+  std::string err = run_kernel(s, g, d, args, clock, seconds);
+  if (!err.empty()) throw Error(err);
+  record_time(s, g, d, seconds, false);
 }
 
+namespace detail {
+
+void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
+  State& s = state();
+  std::vector<EventPtr> deps;
+  int last = args.num_buffers() - 1;
+  for (int b = 0; b <= last; b++)
+    if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
+  Clock clock;
+  Decision d = choose(s, g, ext, candidate_devices(s, g.op->name), clock, deps);
+  ExecDevice& dev = *s.devices[size_t(d.device)];
+  args.set_context(dev.pool);
+
+  if (!dev.queue) {
+    for (const auto& e : deps)
+      if (const std::string& err = e->wait(); !err.empty()) throw Error(err);
+    double seconds = 0;
+    std::string err = run_kernel(s, g, d, args.argv(), clock, seconds);
+    if (!err.empty()) throw Error(err);
+    record_time(s, g, d, seconds, false);
+    return;
+  }
+
+  // Asynchronous: every queued call is timed (the queue model needs its duration anyway).
+  d.timed = true;
+  double now = now_seconds(clock);
+  auto done =
+      std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.predicted);
+  for (int b = 0; b <= last; b++)
+    if (const auto& st = args.storage(b)) st->record(done, b == last);
+  s.sched.enqueued(d);
+  dev.queue->submit(
+      [&s, &g, d, clock, args = std::move(args), deps = std::move(deps), done]() mutable {
+        std::string err;
+        for (const auto& e : deps)
+          if (const std::string& dep_err = e->wait(); !dep_err.empty()) {
+            err = g.op->name + ": an input was not computed: " + dep_err;
+            break;
+          }
+        double seconds = 0;
+        if (err.empty()) {
+          s.sched.started(d, now_seconds(clock));
+          err = run_kernel(s, g, d, args.argv(), clock, seconds);
+        }
+        Decision timed = d;
+        timed.timed = err.empty();
+        record_time(s, g, timed, seconds, true);
+        if (!err.empty()) {
+          std::lock_guard<std::mutex> lock(s.error_mu);
+          if (s.queued_error.empty()) s.queued_error = err;
+        }
+        done->complete(err);
+      });
+}
+
+}  // namespace detail
 }  // namespace opforge

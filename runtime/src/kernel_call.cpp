@@ -5,12 +5,25 @@
 #include <cmath>
 #include <sstream>
 
+#include "storage.hpp"
+
 namespace opforge::detail {
+
+void* address(const Tensor& t) {
+  OPFORGE_CHECK(t.defined()) << "tensor is undefined (default-constructed)";
+  return static_cast<char*>(t.storage()->ptr) + t.offset() * int64_t(t.element_size());
+}
+
+View& View::bind(const Tensor& t) {
+  host = t.numel() ? address(t) : nullptr;
+  dtype = t.dtype();
+  storage = t.storage();
+  return *this;
+}
 
 View view_of(const Tensor& t) {
   View v;
-  v.host = t.numel() ? t.data() : nullptr;
-  v.dtype = t.dtype();
+  v.bind(t);
   v.n = std::max(t.dim(), 1);
   OPFORGE_CHECK(t.dim() <= kMaxDims) << "internal: view of rank " << t.dim();
   if (t.dim() == 0) {
@@ -28,8 +41,7 @@ View view_of(const Tensor& t) {
 
 View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
   View v;
-  v.host = t.numel() ? t.data() : nullptr;
-  v.dtype = t.dtype();
+  v.bind(t);
   int64_t s = 1;
   for (auto e : extents) {
     v.extent[v.n] = e;
@@ -43,7 +55,8 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
 void KernelArgs::buffer(const View& v) {
   OPFORGE_CHECK(nb_ < int(bufs_.size()) && na_ < int(args_.size()))
       << "a kernel takes at most " << bufs_.size() << " tensors";
-  Buf& b = bufs_[nb_++];
+  storages_[size_t(nb_)] = v.storage;
+  Buf& b = bufs_[size_t(nb_++)];
   b.b.host = static_cast<uint8_t*>(v.host);
   b.b.type = halide_type_of(v.dtype);
   b.b.dimensions = v.n;
@@ -54,7 +67,31 @@ void KernelArgs::buffer(const View& v) {
         << ") exceeds the 2^31 limit of generated kernels";
     b.d[i] = {0, int32_t(v.extent[i]), int32_t(v.stride[i]), 0};
   }
-  args_[na_++] = &b.b;
+  slots_[size_t(na_++)] = Slot::buffer;
+}
+
+void** KernelArgs::argv() {
+  int nb = 0, nf = 0, ni = 0;
+  for (int a = 0; a < na_; a++) {
+    switch (a == 0 ? Slot::context : slots_[size_t(a)]) {
+      case Slot::context:
+        args_[0] = &context_;
+        break;
+      case Slot::buffer: {
+        Buf& b = bufs_[size_t(nb++)];
+        b.b.dim = b.d;
+        args_[size_t(a)] = &b.b;
+        break;
+      }
+      case Slot::f64:
+        args_[size_t(a)] = &f_[size_t(nf++)];
+        break;
+      case Slot::i32:
+        args_[size_t(a)] = &i_[size_t(ni++)];
+        break;
+    }
+  }
+  return args_.data();
 }
 
 void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
@@ -68,11 +105,11 @@ void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
                     values[i] == std::floor(values[i]))
           << op.name << ": attribute " << op.attrs[i].name << " must be a 32-bit integer, got "
           << values[i];
-      i_[ni_] = int32_t(values[i]);
-      args_[na_++] = &i_[ni_++];
+      i_[size_t(ni_++)] = int32_t(values[i]);
+      slots_[size_t(na_++)] = Slot::i32;
     } else {
-      f_[nf_] = values[i];
-      args_[na_++] = &f_[nf_++];
+      f_[size_t(nf_++)] = values[i];
+      slots_[size_t(na_++)] = Slot::f64;
     }
   }
 }
@@ -157,14 +194,10 @@ void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst) {
     for (int64_t i = 0; i < dst.size(0); i++) run_strided(g, src.select(0, i), dst.select(0, i));
     return;
   }
-  views[0].host = src.data();
-  views[0].dtype = src.dtype();
-  views[1].host = dst.data();
-  views[1].dtype = dst.dtype();
   KernelArgs args;
-  args.buffer(views[0]);
-  args.buffer(views[1]);
-  dispatch(g, extents_of(views[1]), args.argv());
+  args.buffer(views[0].bind(src));
+  args.buffer(views[1].bind(dst));
+  launch(g, extents_of(views[1]), std::move(args));
 }
 
 CallExtents extents(std::initializer_list<int64_t> e) {

@@ -5,6 +5,7 @@
 #include <HalideRuntime.h>
 
 #include <array>
+#include <memory>
 
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
@@ -46,34 +47,53 @@ struct View {
   int n = 0;
   int64_t extent[kMaxDims] = {};
   int64_t stride[kMaxDims] = {};
+  std::shared_ptr<Storage> storage;  // kept alive, and ordered, until the kernel has run
+  // Points the view at t's element [0, ...] (extents and strides are set by the caller).
+  View& bind(const Tensor& t);
 };
+
+// Address of t's element [0, ...] without waiting for pending work: kernels are ordered by the
+// events their storages carry, so only host reads go through Tensor::data().
+void* address(const Tensor& t);
 
 // The tensor's dims reversed (innermost first); rank 0 becomes one dim of extent 1.
 View view_of(const Tensor& t);
 // A view of a contiguous tensor with the given extents (innermost first).
 View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
 
-// Argument 0 of every kernel is its Halide user context (the logical CPU device whose thread pool
-// runs its parallel loops); dispatch() fills it in.
+// The arguments of one kernel call, in the generated kernel's order. Argument 0 is its Halide user
+// context (the logical CPU device whose thread pool runs its parallel loops), set by launch().
+// Buffers are the inputs in order, then the output, which is always last. The object may be moved
+// into a device queue: argv() builds the pointer array where the object finally lives.
 class KernelArgs {
  public:
-  KernelArgs() { args_[na_++] = &context_; }
   void buffer(const View& v);
   void attrs(const OpInfo& op, const AttrValues& values);
-  void** argv() { return args_.data(); }
+  void set_context(void* ctx) { context_ = ctx; }
+  void** argv();
+  int num_buffers() const { return nb_; }
+  // Storages the call reads (every buffer but the last) and writes (the last).
+  const std::shared_ptr<Storage>& storage(int buffer) const { return storages_[size_t(buffer)]; }
 
  private:
+  enum class Slot : uint8_t { context, buffer, f64, i32 };
   struct Buf {
     halide_buffer_t b{};
     halide_dimension_t d[kMaxDims]{};
   };
   std::array<Buf, 6> bufs_{};
+  std::array<std::shared_ptr<Storage>, 6> storages_{};
   std::array<double, 8> f_{};
   std::array<int32_t, 8> i_{};
+  std::array<Slot, 16> slots_{};
   std::array<void*, 16> args_{};
   void* context_ = nullptr;
-  int nb_ = 0, nf_ = 0, ni_ = 0, na_ = 0;
+  int nb_ = 0, nf_ = 0, ni_ = 0, na_ = 1;  // slot 0: the context
 };
+
+// Runs one kernel of the group: the scheduler chooses the device and the variant, and the call runs
+// on the caller's thread or on the chosen device's queue, after the calls it depends on.
+void launch(const KernelGroup& g, const CallExtents& extents, KernelArgs&& args);
 
 // Merges adjacent dims of same-shaped views where every view allows it (strides nest), and drops
 // size-1 dims, then pads to exactly kMaxDims dims. Returns false if more than kMaxDims remain.

@@ -32,8 +32,7 @@ View matrix_view(Tensor& t, int64_t batch) {
     one_batch_stride(t, bs);
   }
   View v;
-  v.host = t.data();
-  v.dtype = t.dtype();
+  v.bind(t);
   v.n = 3;
   int r = t.dim();
   v.extent[0] = t.shape()[r - 1];
@@ -88,7 +87,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     args.buffer(matrix_view(a, B));
     args.buffer(matrix_view(b, B));
     args.buffer(dense_view(out, {N, M, B}));
-    dispatch(g, extents({N, M, K, B}), args.argv());
+    launch(g, extents({N, M, K, B}), std::move(args));
   }
   if (a_vec) out = out.squeeze(-2);
   if (b_vec) out = out.squeeze(-1);
@@ -124,8 +123,7 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   args.buffer(matrix_view(a, 1));
   args.buffer(matrix_view(b, 1));
   View cv;
-  cv.host = ce.data();
-  cv.dtype = ce.dtype();
+  cv.bind(ce);
   cv.n = 3;
   cv.extent[0] = N;
   cv.stride[0] = ce.strides()[1];
@@ -136,7 +134,7 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   args.buffer(cv);
   args.attrs(op, {alpha, beta});
   args.buffer(dense_view(out, {N, M, 1}));
-  dispatch(g, extents({N, M, K, 1}), args.argv());
+  launch(g, extents({N, M, K, 1}), std::move(args));
   return out;
 }
 

@@ -54,15 +54,11 @@ Tensor run_elementwise(const OpInfo& op, std::vector<Tensor> in, const AttrValue
   }
   KernelArgs args;
   for (size_t i = 0; i < in.size(); i++) {
-    views[i].host = expanded[i].data();
-    views[i].dtype = expanded[i].dtype();
-    args.buffer(views[i]);
+    args.buffer(views[i].bind(expanded[i]));
   }
   args.attrs(op, attrs);
-  views.back().host = out.data();
-  views.back().dtype = out.dtype();
-  args.buffer(views.back());
-  dispatch(g, extents_of(views.back()), args.argv());
+  args.buffer(views.back().bind(out));
+  launch(g, extents_of(views.back()), std::move(args));
   return out;
 }
 

@@ -123,7 +123,7 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   args.buffer(dense_view(x, {inner, n, outer}));
   args.buffer(dense_view(idx, {idx.numel()}));
   args.buffer(dense_view(out, {inner, idx.numel(), outer}));
-  dispatch(g, extents({inner, idx.numel(), outer}), args.argv());
+  launch(g, extents({inner, idx.numel(), outer}), std::move(args));
   return out;
 }
 

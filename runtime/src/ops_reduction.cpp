@@ -119,7 +119,7 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   args.attrs(op, attrs);
   args.buffer(normalize ? dense_view(out, {inner, reduced, outer})
                         : dense_view(out, {inner, outer}));
-  dispatch(g, extents({inner, reduced, outer}), args.argv());
+  launch(g, extents({inner, reduced, outer}), std::move(args));
   return out;
 }
 

@@ -51,7 +51,7 @@ Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool a
   if (avg) attrs.push_back(o.count_include_pad ? 1 : 0);
   args.attrs(op, attrs);
   args.buffer(view_of(out));
-  dispatch(g, extents({OW, OH, C, N}), args.argv());
+  launch(g, extents({OW, OH, C, N}), std::move(args));
   return out;
 }
 
@@ -97,7 +97,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
              {double(o.stride[0]), double(o.stride[1]), double(o.padding[0]), double(o.padding[1]),
               double(o.dilation[0]), double(o.dilation[1]), double(o.groups)});
   args.buffer(view_of(out));
-  dispatch(g, extents({OW, OH, OC, N}), args.argv());
+  launch(g, extents({OW, OH, OC, N}), std::move(args));
   return out;
 }
 

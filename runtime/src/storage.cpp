@@ -3,6 +3,7 @@
 // OutOfMemoryError.
 #include "storage.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -90,6 +91,37 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
     throw OutOfMemoryError("cpu: out of memory allocating " + std::to_string(bytes) + " bytes (" +
                            std::to_string(released) + " cached bytes were and have been released)");
   return s;
+}
+
+void Storage::dependencies(std::vector<detail::EventPtr>& deps, bool write) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (writer_) deps.push_back(writer_);  // even when done: a failed writer fails its readers
+  if (write)
+    for (const auto& r : readers_)
+      if (!r->done()) deps.push_back(r);
+}
+
+void Storage::record(const detail::EventPtr& ev, bool write) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (write) {
+    writer_ = ev;
+    readers_.clear();
+    return;
+  }
+  std::erase_if(readers_, [](const detail::EventPtr& r) { return r->done(); });
+  readers_.push_back(ev);
+}
+
+void Storage::sync() const {
+  std::vector<detail::EventPtr> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!writer_ && readers_.empty()) return;
+    if (writer_) pending.push_back(writer_);
+    pending.insert(pending.end(), readers_.begin(), readers_.end());
+  }
+  for (const auto& e : pending)
+    if (const std::string& err = e->wait(); !err.empty()) throw Error(err);
 }
 
 void release_cached_memory() { cache().release_all(); }

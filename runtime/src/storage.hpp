@@ -4,6 +4,10 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <vector>
+
+#include "device_queue.hpp"
 
 namespace opforge {
 
@@ -13,6 +17,21 @@ struct Storage {
   size_t capacity = 0;  // of the block, a size class
   ~Storage();
   static std::shared_ptr<Storage> allocate(size_t bytes);
+
+  // ---- ordering of asynchronous work (device_queue.hpp) ----
+  // Adds to `deps` the events a call must wait for before it reads (or writes) this memory: the
+  // last writer, and for a write also the readers since.
+  void dependencies(std::vector<detail::EventPtr>& deps, bool write) const;
+  // Records a submitted call's event as the last writer or as one more reader.
+  void record(const detail::EventPtr& ev, bool write);
+  // Waits for every pending call that uses this memory (before the host reads or writes it);
+  // throws the Error of a failed one.
+  void sync() const;
+
+ private:
+  mutable std::mutex mu_;
+  detail::EventPtr writer_;
+  std::vector<detail::EventPtr> readers_;
 };
 
 // Returns every cached block to the system.

@@ -205,6 +205,7 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::data() const {
   OPFORGE_CHECK(storage_) << "tensor is undefined (default-constructed)";
+  storage_->sync();  // the host sees memory only after the device work that uses it is done
   return static_cast<char*>(storage_->ptr) + offset_ * int64_t(element_size());
 }
 

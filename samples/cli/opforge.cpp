@@ -1,13 +1,19 @@
 // The `opforge` command line: `info` lists the devices and every registered op with its dtypes
-// and kernel variants; `bench` compares opforge with peer libraries (tests/bench/peers.hpp). Text
-// for people, --json for scripts. Runtime errors exit 1, bad arguments 2.
+// and kernel variants (`--load`: each device's utilization, queue and measured load); `bench`
+// compares opforge with peer libraries (tests/bench/peers.hpp), and `bench --scheduler` compares
+// device placement policies (tests/bench/scheduler_bench.hpp). Text for people, --json for
+// scripts. Runtime errors exit 1, bad arguments 2.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -15,8 +21,11 @@
 #include <vector>
 
 #include "opforge/device.hpp"
+#include "opforge/dispatch.hpp"
+#include "opforge/error.hpp"
 #include "opforge/registry.hpp"
 #include "peers.hpp"
+#include "scheduler_bench.hpp"
 
 namespace opforge::cli {
 namespace {
@@ -188,7 +197,89 @@ void print_info_text(std::ostream& os) {
   os << '\n' << ops.size() << " ops, " << kernels << " kernels\n";
 }
 
-int run_info(bool json) {
+std::string fixed(double v, int digits = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// ---- info --load ----
+
+// Utilization where the device reports one; "-" where it has none to give.
+std::optional<double> utilization(const Device& d) {
+  try {
+    return dev_util(d);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+Json load_json() {
+  Json devs = Json::array();
+  std::map<std::string, DeviceStats> stats;
+  for (const DeviceStats& s : device_stats()) stats[s.device.str()] = s;
+  for (const DeviceInfo& d : devices()) {
+    Json row = {{"name", d.device.str()}};
+    auto u = utilization(d.device);
+    row["utilization_percent"] = u ? Json(*u) : Json(nullptr);
+    auto it = stats.find(d.device.str());
+    row["runs_kernels"] = it != stats.end();
+    if (it != stats.end()) {
+      row["queue_length"] = it->second.queue_length;
+      row["queued_ms"] = it->second.queued_seconds * 1e3;
+      row["load_factor"] = it->second.load;
+      row["kernel_calls"] = it->second.kernel_calls;
+    }
+    devs.push_back(std::move(row));
+  }
+  Json choices = Json::array();
+  for (const DispatchStat& s : dispatch_stats())
+    choices.push_back({{"op", s.op},
+                       {"dtype", s.dtype},
+                       {"variant", s.variant},
+                       {"device", s.device.str()},
+                       {"calls", s.calls},
+                       {"mean_ms", s.mean_seconds * 1e3}});
+  Json out = Json::object();
+  out["devices"] = std::move(devs);
+  out["choices"] = std::move(choices);
+  return out;
+}
+
+void print_load_text(const Json& load, std::ostream& os) {
+  Table devs({"device", "util %", "queue", "queued ms", "load", "kernel calls"},
+             {false, true, true, true, true, true});
+  for (const Json& d : load["devices"]) {
+    auto num = [&](const char* key, int digits) {
+      return d.contains(key) && !d[key].is_null() ? fixed(d[key].get<double>(), digits)
+                                                  : std::string("-");
+    };
+    devs.add({d["name"].get<std::string>(), num("utilization_percent", 1), num("queue_length", 0),
+              num("queued_ms", 2), num("load_factor", 2), num("kernel_calls", 0)});
+  }
+  devs.print(os);
+  os << "\nload: measured slowdown from work that is not opforge's (1.00 = none); util: the last "
+        "50 ms\n";
+  if (load["choices"].empty()) return;
+  os << '\n';
+  Table choices({"op", "dtype", "variant", "device", "calls", "mean ms"},
+                {false, false, false, false, true, true});
+  for (const Json& c : load["choices"])
+    choices.add({c["op"].get<std::string>(), c["dtype"].get<std::string>(),
+                 c["variant"].get<std::string>(), c["device"].get<std::string>(),
+                 std::to_string(c["calls"].get<int64_t>()), fixed(c["mean_ms"].get<double>(), 3)});
+  choices.print(os);
+}
+
+int run_info(bool json, bool load) {
+  if (load) {
+    Json l = load_json();
+    if (json)
+      std::cout << l.dump(2) << '\n';
+    else
+      print_load_text(l, std::cout);
+    return 0;
+  }
   if (json) {
     std::cout << info_json().dump(2) << '\n';
   } else {
@@ -198,12 +289,6 @@ int run_info(bool json) {
 }
 
 // ---- bench ----
-
-std::string fixed(double v, int digits = 2) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 int run_bench(bool json, const std::string& filter, int repeats) {
   BenchOptions options;
@@ -243,6 +328,54 @@ int run_bench(bool json, const std::string& filter, int repeats) {
   return 0;
 }
 
+// Two logical CPU devices of one core each: when the process was started without them, it starts
+// itself again with OPFORGE_CPU_DEVICES="0;1" (devices are fixed at start-up).
+int run_scheduler_bench(bool json, int repeats, char** argv) {
+  if (device_stats().size() < 2) {
+    OPFORGE_CHECK(!std::getenv("OPFORGE_CPU_DEVICES"))
+        << "bench --scheduler needs two logical CPU devices, but OPFORGE_CPU_DEVICES='"
+        << std::getenv("OPFORGE_CPU_DEVICES") << "' makes fewer";
+    OPFORGE_CHECK(num_cpu_cores(true) >= 2)
+        << "bench --scheduler needs two cores, this machine has " << num_cpu_cores(true);
+    setenv("OPFORGE_CPU_DEVICES", "0;1", 1);
+    execv("/proc/self/exe", argv);
+    throw Error(std::string("bench --scheduler: cannot restart with two logical devices: ") +
+                std::strerror(errno));
+  }
+  SchedulerBenchOptions o;
+  o.repeats = repeats;
+  if (isatty(STDERR_FILENO)) std::cerr << "running the scheduler benchmark...\n";
+  SchedulerBenchResult r = run_scheduler_bench(o);
+  if (json) {
+    Json policies = Json::array();
+    for (const PolicyResult& p : r.policies)
+      policies.push_back({{"policy", p.policy},
+                          {"items_per_second", p.items_per_second},
+                          {"device_share", p.share}});
+    Json out = {{"items", o.items},
+                {"window", o.window},
+                {"loaded_device", "cpu:" + std::to_string(o.loaded_device)},
+                {"policies", std::move(policies)},
+                {"best_fixed", r.best_fixed},
+                {"auto_vs_round_robin", r.vs_round_robin},
+                {"auto_vs_best_fixed", r.vs_best_fixed}};
+    std::cout << out.dump(2) << '\n';
+    return 0;
+  }
+  std::cout << "stream of " << o.items << " ops (matmul 128-320, elementwise chains 64K-256K), "
+            << o.window << " in flight, cpu:" << o.loaded_device
+            << "'s core kept busy by another process\n\n";
+  Table t({"policy", "items/s", "calls on cpu:0", "calls on cpu:1"}, {false, true, true, true});
+  for (const PolicyResult& p : r.policies)
+    t.add({p.policy, fixed(p.items_per_second, 0), fixed(100 * p.share[0], 0) + "%",
+           fixed(100 * p.share[1], 0) + "%"});
+  t.print(std::cout);
+  std::cout << "\nauto / round_robin: " << fixed(r.vs_round_robin) << "x (target >= 1.4x)\n"
+            << "auto / best fixed (" << r.best_fixed << "): " << fixed(r.vs_best_fixed)
+            << "x (target >= 0.9x)\nmedians of " << o.repeats << " passes per policy\n";
+  return 0;
+}
+
 // Rejects a malformed --filter while parsing, so it exits as a bad argument rather than a
 // runtime error.
 const CLI::Validator kRegex(
@@ -266,6 +399,10 @@ int run(int argc, char** argv) {
   CLI::App* info =
       app.add_subcommand("info", "List devices and every op with its dtypes and variants");
   info->add_flag("--json", info_json_flag, "Print JSON instead of tables");
+  bool info_load_flag = false;
+  info->add_flag("--load", info_load_flag,
+                 "Show each device's utilization, queue and measured load, and the dispatcher's "
+                 "choices so far");
 
   bool bench_json_flag = false;
   std::string filter;
@@ -277,6 +414,10 @@ int run(int argc, char** argv) {
   bench->add_option("--repeats", repeats, "Timed repeats per benchmark; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  bool scheduler_flag = false;
+  bench->add_flag("--scheduler", scheduler_flag,
+                  "Compare device placement policies on two logical CPU devices, one of them "
+                  "loaded by another process");
 
   try {
     app.parse(argc, argv);
@@ -287,7 +428,11 @@ int run(int argc, char** argv) {
   }
 
   try {
-    if (*info) return run_info(info_json_flag);
+    if (*info) return run_info(info_json_flag, info_load_flag);
+    if (*bench && scheduler_flag)
+      return run_scheduler_bench(
+          bench_json_flag, bench->count("--repeats") ? repeats : SchedulerBenchOptions{}.repeats,
+          argv);
     if (*bench) return run_bench(bench_json_flag, filter, repeats);
   } catch (const std::exception& e) {  // opforge::Error and whatever the peers throw
     std::cout.flush();

@@ -49,6 +49,9 @@ double dev_util(const Device& d);
 Device default_device();
 void set_default_device(const Device& d);  // pushes
 void unset_default_device();               // pops; an Error when the stack is empty
+// True while this thread has a default device set: op calls are pinned to it. Otherwise the
+// device policy (dispatch.hpp) places each call.
+bool default_device_is_set();
 
 // Makes `d` the default device for its lifetime; scopes nest.
 class DefaultDevice {
@@ -60,18 +63,18 @@ class DefaultDevice {
   DefaultDevice& operator=(const DefaultDevice&) = delete;
 };
 
-// Work done by each logical CPU device (OPFORGE_CPU_DEVICES); empty without logical devices.
+// The state of each device that runs kernels, as `opforge info --load` shows it.
 struct DeviceStats {
   Device device;
-  int64_t tasks = 0;               // parallel-loop iterations run by its pool
+  int64_t kernel_calls = 0;        // kernels run there
+  int queue_length = 0;            // calls submitted and not finished (asynchronous devices)
+  double queued_seconds = 0;       // predicted time of that queued work
+  double load = 1;                 // measured slowdown from work not ours (1: unloaded)
+  int64_t tasks = 0;               // logical CPU devices: parallel-loop iterations run by its pool
   int64_t foreign_core_tasks = 0;  // of those, run on a core outside the device (should be 0)
-  double busy_seconds = 0;
+  double busy_seconds = 0;         // time its threads spent running kernels
 };
 std::vector<DeviceStats> device_stats();
-
-// The Halide user context a kernel call runs with: the default device's thread pool (null for the
-// process-wide pool). An Error when the default device has no kernels.
-void* kernel_context(const std::string& op);
 
 // The device kinds some variant of the op runs on ("cpu" today; GPU kinds with their kernels).
 std::vector<std::string> function_supported_devices(const std::string& op);

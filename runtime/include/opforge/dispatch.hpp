@@ -1,14 +1,17 @@
-// Per-call variant selection. A history-based performance model keyed by (op, dtype, variant,
-// shape bucket): a new bucket is calibrated by timing each eligible variant a few times, then the
-// fastest is used, with periodic re-timing so a changed machine is noticed. On the hot path the
-// choice is one hash lookup.
+// Per-call device and variant selection. A history-based performance model keyed by (op, dtype,
+// variant, shape bucket, device): a new bucket is calibrated by timing each eligible variant a few
+// times on each eligible device, then each call goes where it is expected to finish first
+// (scheduler.hpp), with periodic re-timing so a changed machine is noticed. On the hot path the
+// choice is a few hash lookups.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "opforge/device.hpp"
 #include "opforge/registry.hpp"
+#include "opforge/scheduler.hpp"
 
 namespace opforge {
 
@@ -28,23 +31,37 @@ void set_clock(Clock clock);  // an empty function restores the steady clock
 void force_variant(const std::string& name);
 std::string forced_variant();
 
-struct DispatchPolicy {
-  int calibration_runs = 3;  // timed runs of each eligible variant in a new bucket
-  int retime_every = 128;    // re-time the chosen variant every N calls
-  int explore_every = 2048;  // time another variant every N calls
-};
 void set_dispatch_policy(const DispatchPolicy& p);
 void reset_performance_model();
 
+// Where a call runs when no default device is set on the calling thread (a set default device, or
+// DefaultDevice scope, pins calls to it):
+//   automatic:   the device with the earliest expected completion (queued work, transfers,
+//   predicted
+//                time under the device's measured load);
+//   round_robin: the devices in turn, ignoring cost (a baseline for measurements).
+// OPFORGE_DEVICE_POLICY=auto|round_robin sets the initial value.
+enum class DevicePolicy { automatic, round_robin };
+void set_device_policy(DevicePolicy p);
+DevicePolicy device_policy();
+
+// How often each (op, dtype, variant, device) was chosen.
 struct DispatchStat {
   std::string op, dtype, variant;
+  Device device;
   int64_t calls = 0;
   double mean_seconds = 0;  // of the timed calls
 };
 std::vector<DispatchStat> dispatch_stats();
 
-// Runs one kernel of the group: chooses the variant for these extents and calls it with the
-// argv-style argument array of the generated kernel. Throws an Error if the kernel fails.
+// Waits until every device queue is empty and returns the first error a queued call raised since
+// the last synchronize(), as an Error. Reading a tensor waits only for the calls it depends on.
+void synchronize();
+
+// Runs one kernel of the group on the calling thread: chooses the variant for these extents on the
+// default device and calls it with the argv-style argument array of the generated kernel (slot 0,
+// when not null, receives the device's user context). Throws an Error if the kernel fails. The op
+// functions use an asynchronous path that also chooses the device.
 void dispatch(const KernelGroup& group, const CallExtents& extents, void** args);
 
 // True if the variant may run a call of these extents (its declared minimum is met).

@@ -1,0 +1,112 @@
+// The placement model behind every kernel call: which device and which variant run it. A history
+// model per (op, dtype, shape bucket, device) holds the measured time of each variant; a call goes
+// to the (device, variant) with the earliest expected completion: the device's queued work + the
+// time to move inputs that are not resident there + the predicted run time scaled by the device's
+// current load (StarPU's dmda). The class is pure bookkeeping: callers pass the time and the
+// measurements in, so tests drive it with synthetic data.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace opforge {
+
+struct DispatchPolicy {
+  int calibration_runs = 3;  // timed runs of each eligible variant on each device in a new bucket
+  int retime_every = 128;    // re-time the chosen variant every N calls to a device
+  int explore_every = 2048;  // time another variant every N calls to a device
+};
+
+// What one candidate placement was expected to cost, as OPFORGE_LOG=dispatch prints it.
+struct PlacementCost {
+  int device = 0, variant = 0;
+  double ready = 0;     // seconds until the device can start it: its queued work is done and
+                        // inputs computed on other devices exist
+  double load = 1;      // the device's measured load factor
+  double transfer = 0;  // seconds to move non-resident inputs there
+  double run = 0;       // predicted run time, load included
+  double completion = 0;
+};
+
+struct Decision {
+  int device = 0, variant = 0;
+  bool timed = false;        // the run's time must be reported back with finished()
+  bool calibrating = false;  // the run is one of a new bucket's calibration runs
+  double predicted = 0;      // seconds, load included (0 while uncalibrated)
+  uint64_t key = 0;
+  uint64_t generation = 0;
+  std::vector<PlacementCost> costs;  // filled when asked to explain
+};
+
+class Scheduler {
+ public:
+  // A device that may run the call and the variants (indices into the kernel group) it may use.
+  struct Candidate {
+    int device = 0;
+    std::vector<int> variants;
+  };
+
+  explicit Scheduler(int max_devices = 64);
+
+  void set_policy(const DispatchPolicy& p);  // clears the model
+  DispatchPolicy policy() const;
+  void reset();  // forgets every measurement
+
+  // Chooses where the call in bucket `key` runs. transfer[d]: seconds to make the inputs resident
+  // on device d; inputs_ready[d]: seconds until inputs that other devices are still computing
+  // exist (missing entries: 0). Candidates must be non-empty, each with a variant.
+  Decision decide(uint64_t key, const std::vector<Candidate>& candidates,
+                  const std::vector<double>& transfer, double now, bool explain = false,
+                  const std::vector<double>& inputs_ready = {});
+  // Queue bookkeeping for devices that run calls asynchronously.
+  void enqueued(const Decision& d);
+  void started(const Decision& d, double now);
+  // seconds: the measured run time (used when d.timed). Also ends the queue entry if enqueued.
+  void finished(const Decision& d, double seconds, bool was_enqueued);
+
+  // The device's slowdown from work that is not ours (1 = idle machine); measurements are divided
+  // by it before they enter the model, and predictions multiplied.
+  void set_load(int device, double factor);
+  double load(int device) const;
+  double ready_in(int device, double now) const;  // seconds of queued work predicted
+  int queue_length(int device) const;
+  // The model's estimate (unloaded) of a variant on a device in a bucket; 0 when unmeasured.
+  double estimate(uint64_t key, int device, int variant) const;
+
+ private:
+  struct VariantStats {
+    std::vector<double> calibration;
+    double estimate = 0;
+    int outliers = 0;
+  };
+  struct Entry {  // one bucket on one device
+    std::vector<int> variants;
+    std::vector<VariantStats> stats;
+    int calibration_issued = 0, calibration_done = 0;
+    int best = 0;  // index into variants
+    uint64_t calls = 0;
+    int explore_next = 0;
+    bool calibrated(int runs) const { return calibration_done >= runs * int(variants.size()); }
+  };
+  struct DeviceState {
+    double load = 1;
+    double queued = 0;  // predicted seconds of enqueued calls not yet started
+    int length = 0;
+    bool running = false;
+    double running_predicted = 0, running_start = 0;
+  };
+  Entry& entry(uint64_t key, int device, const std::vector<int>& variants);
+  void record(Entry& e, int slot, double seconds, bool calibrating);
+  DeviceState& dev(int d);
+  const DeviceState* find_dev(int d) const;
+  double ready_locked(int d, double now) const;
+
+  mutable std::mutex mu_;
+  DispatchPolicy policy_;
+  std::unordered_map<uint64_t, Entry> model_;  // by bucket key ^ device
+  std::vector<DeviceState> devices_;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace opforge

@@ -1,0 +1,235 @@
+// Earliest-completion placement over (device, variant) from a per-device history model.
+#include "opforge/scheduler.hpp"
+
+#include <algorithm>
+
+#include "opforge/error.hpp"
+
+namespace opforge {
+namespace {
+
+constexpr int kDeviceShift = 58;  // bucket keys leave their top 6 bits for the device
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+Scheduler::Scheduler(int max_devices) { devices_.resize(size_t(max_devices)); }
+
+void Scheduler::set_policy(const DispatchPolicy& p) {
+  OPFORGE_CHECK(p.calibration_runs >= 1 && p.retime_every >= 1 && p.explore_every >= 1)
+      << "set_dispatch_policy: every count must be at least 1";
+  std::lock_guard<std::mutex> lock(mu_);
+  policy_ = p;
+  model_.clear();
+  generation_++;
+}
+
+DispatchPolicy Scheduler::policy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_;
+}
+
+void Scheduler::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_.clear();
+  for (auto& d : devices_) d.load = 1;
+  generation_++;
+}
+
+Scheduler::DeviceState& Scheduler::dev(int d) {
+  OPFORGE_CHECK(d >= 0 && d < int(devices_.size()))
+      << "scheduler: device index " << d << " is outside 0-" << devices_.size() - 1;
+  return devices_[size_t(d)];
+}
+
+const Scheduler::DeviceState* Scheduler::find_dev(int d) const {
+  return d >= 0 && d < int(devices_.size()) ? &devices_[size_t(d)] : nullptr;
+}
+
+Scheduler::Entry& Scheduler::entry(uint64_t key, int device, const std::vector<int>& variants) {
+  uint64_t k = key | (uint64_t(device) << kDeviceShift);
+  auto it = model_.find(k);
+  if (it == model_.end()) {
+    Entry e;
+    e.variants = variants;
+    e.stats.resize(variants.size());
+    it = model_.emplace(k, std::move(e)).first;
+  }
+  return it->second;
+}
+
+double Scheduler::ready_locked(int d, double now) const {
+  const DeviceState* s = find_dev(d);
+  if (!s) return 0;
+  double r = s->queued;
+  if (s->running) r += std::max(0.0, s->running_predicted - (now - s->running_start));
+  return r;
+}
+
+Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
+                           const std::vector<double>& transfer, double now, bool explain,
+                           const std::vector<double>& inputs_ready) {
+  OPFORGE_CHECK(!cands.empty()) << "scheduler: no candidate device";
+  OPFORGE_CHECK((key >> kDeviceShift) == 0) << "scheduler: bucket key uses the device bits";
+  std::lock_guard<std::mutex> lock(mu_);
+  Decision d;
+  d.key = key;
+  d.generation = generation_;
+  const int runs = policy_.calibration_runs;
+
+  // A device with a bucket not yet calibrated gets the call, the least calibrated first: every
+  // eligible (device, variant) is timed a few times before the model is trusted.
+  Entry* cal = nullptr;
+  int cal_device = 0;
+  for (const auto& c : cands) {
+    OPFORGE_CHECK(!c.variants.empty()) << "scheduler: device " << c.device << " has no variant";
+    Entry& e = entry(key, c.device, c.variants);
+    bool choice = e.variants.size() > 1 || cands.size() > 1;
+    if (choice && e.calibration_issued < runs * int(e.variants.size()) &&
+        (!cal || e.calibration_issued < cal->calibration_issued)) {
+      cal = &e;
+      cal_device = c.device;
+    }
+  }
+  if (cal) {
+    int slot = cal->calibration_issued++ % int(cal->variants.size());
+    d.device = cal_device;
+    d.variant = cal->variants[size_t(slot)];
+    d.timed = d.calibrating = true;
+    return d;
+  }
+
+  double best_completion = 0;
+  Entry* chosen = nullptr;
+  for (const auto& c : cands) {
+    Entry& e = entry(key, c.device, c.variants);
+    const DeviceState& s = dev(c.device);
+    PlacementCost pc;
+    pc.device = c.device;
+    pc.variant = e.variants[size_t(e.best)];
+    auto at = [&](const std::vector<double>& v) {
+      return size_t(c.device) < v.size() ? v[size_t(c.device)] : 0.0;
+    };
+    pc.ready = std::max(ready_locked(c.device, now), at(inputs_ready));
+    pc.transfer = at(transfer);
+    pc.load = s.load;
+    pc.run = e.stats[size_t(e.best)].estimate * s.load;
+    pc.completion = pc.ready + pc.transfer + pc.run;
+    if (!chosen || pc.completion < best_completion) {
+      chosen = &e;
+      best_completion = pc.completion;
+      d.device = c.device;
+      d.predicted = pc.run;
+    }
+    if (explain) d.costs.push_back(pc);
+  }
+  Entry& e = *chosen;
+  int n = int(e.variants.size());
+  int slot = e.best;
+  ++e.calls;
+  if (n > 1 && e.calls % uint64_t(policy_.explore_every) == 0) {
+    slot = e.explore_next++ % n;
+    d.timed = true;
+  } else if (e.calls % uint64_t(policy_.retime_every) == 0) {
+    d.timed = true;
+  }
+  d.variant = e.variants[size_t(slot)];
+  if (slot != e.best) d.predicted = e.stats[size_t(slot)].estimate * dev(d.device).load;
+  return d;
+}
+
+void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating) {
+  VariantStats& s = e.stats[size_t(slot)];
+  if (calibrating) {
+    s.calibration.push_back(seconds);
+    s.estimate = median(s.calibration);
+    e.calibration_done++;
+  } else if (s.estimate > 0 && seconds > 3 * s.estimate) {
+    // A page fault or a preempted thread must not move the estimate; a lasting change will.
+    if (++s.outliers >= 3) {
+      s.estimate = seconds;
+      s.outliers = 0;
+    }
+  } else {
+    s.outliers = 0;
+    s.estimate = s.estimate > 0 ? 0.75 * s.estimate + 0.25 * seconds : seconds;
+  }
+  if (e.variants.size() == 1 || e.calibrated(policy_.calibration_runs)) {
+    int best = 0;
+    for (int i = 1; i < int(e.stats.size()); i++)
+      if (e.stats[size_t(i)].estimate < e.stats[size_t(best)].estimate) best = i;
+    e.best = best;
+  }
+}
+
+void Scheduler::enqueued(const Decision& d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState& s = dev(d.device);
+  s.queued += d.predicted;
+  s.length++;
+}
+
+void Scheduler::started(const Decision& d, double now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState& s = dev(d.device);
+  s.queued = std::max(0.0, s.queued - d.predicted);
+  s.running = true;
+  s.running_predicted = d.predicted;
+  s.running_start = now;
+}
+
+void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState& s = dev(d.device);
+  if (was_enqueued) {
+    s.length--;
+    s.running = false;
+    if (s.length == 0) s.queued = 0;  // rounding must not leave phantom work behind
+  }
+  if (!d.timed || d.generation != generation_) return;
+  auto it = model_.find(d.key | (uint64_t(d.device) << kDeviceShift));
+  if (it == model_.end()) return;
+  Entry& e = it->second;
+  auto pos = std::find(e.variants.begin(), e.variants.end(), d.variant);
+  if (pos == e.variants.end()) return;
+  record(e, int(pos - e.variants.begin()), seconds / s.load, d.calibrating);
+}
+
+void Scheduler::set_load(int device, double factor) {
+  OPFORGE_CHECK(factor > 0) << "scheduler: load factor must be positive, got " << factor;
+  std::lock_guard<std::mutex> lock(mu_);
+  dev(device).load = factor;
+}
+
+double Scheduler::load(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const DeviceState* s = find_dev(device);
+  return s ? s->load : 1;
+}
+
+double Scheduler::ready_in(int device, double now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ready_locked(device, now);
+}
+
+int Scheduler::queue_length(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const DeviceState* s = find_dev(device);
+  return s ? s->length : 0;
+}
+
+double Scheduler::estimate(uint64_t key, int device, int variant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = model_.find(key | (uint64_t(device) << kDeviceShift));
+  if (it == model_.end()) return 0;
+  const Entry& e = it->second;
+  for (size_t i = 0; i < e.variants.size(); i++)
+    if (e.variants[i] == variant) return e.stats[i].estimate;
+  return 0;
+}
+
+}  // namespace opforge

@@ -1,0 +1,179 @@
+// The placement model on synthetic performance data: times are fed in by hand and the clock is a
+// number, so each test states exactly what the scheduler has measured and what it must choose.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "opforge/error.hpp"
+#include "opforge/scheduler.hpp"
+
+namespace {
+using namespace opforge;
+
+constexpr uint64_t kKey = 42;
+
+// Two devices, each with variants 0 and 1.
+std::vector<Scheduler::Candidate> two_devices() { return {{0, {0, 1}}, {1, {0, 1}}}; }
+
+// Answers every calibration run with cost(device, variant) until the bucket is calibrated.
+template <class Cost>
+void calibrate(Scheduler& s, Cost cost,
+               const std::vector<Scheduler::Candidate>& c = two_devices()) {
+  for (;;) {
+    Decision d = s.decide(kKey, c, {}, 0);
+    if (!d.calibrating) return;
+    s.finished(d, cost(d.device, d.variant), false);
+  }
+}
+
+TEST(Scheduler, CalibratesEveryDeviceAndVariantBeforeChoosing) {
+  Scheduler s;
+  std::map<std::pair<int, int>, int> runs;
+  for (;;) {
+    Decision d = s.decide(kKey, two_devices(), {}, 0);
+    if (!d.calibrating) break;
+    runs[{d.device, d.variant}]++;
+    s.finished(d, 1e-3, false);
+  }
+  ASSERT_EQ(runs.size(), 4u);
+  for (const auto& [pair, n] : runs) EXPECT_EQ(n, DispatchPolicy{}.calibration_runs);
+}
+
+TEST(Scheduler, PicksEachDevicesFastestVariant) {
+  Scheduler s;
+  // Variant 1 is fast on device 0, variant 0 on device 1; device 1 is the faster overall.
+  calibrate(
+      s, [](int dev, int v) { return dev == 0 ? (v == 1 ? 2e-3 : 5e-3) : (v == 0 ? 1e-3 : 4e-3); });
+  Decision d = s.decide(kKey, two_devices(), {}, 0, true);
+  EXPECT_EQ(d.device, 1);
+  EXPECT_EQ(d.variant, 0);
+  ASSERT_EQ(d.costs.size(), 2u);
+  EXPECT_EQ(d.costs[0].variant, 1);
+  EXPECT_NEAR(d.costs[0].run, 2e-3, 1e-12);
+  EXPECT_NEAR(d.costs[1].run, 1e-3, 1e-12);
+}
+
+TEST(Scheduler, PicksTheEarliestCompletionNotTheFastestDevice) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 2e-3; });
+  // Device 0 is twice as fast but has 5 ms of queued work: device 1 finishes first.
+  for (int i = 0; i < 5; i++) {
+    Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+    s.enqueued(q);
+  }
+  EXPECT_EQ(s.queue_length(0), 5);
+  EXPECT_NEAR(s.ready_in(0, 0), 5e-3, 1e-12);
+  Decision d = s.decide(kKey, two_devices(), {}, 0);
+  EXPECT_EQ(d.device, 1);
+  // Once the queue has drained, the fast device wins again.
+  Decision first = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  for (int i = 0; i < 5; i++) {
+    s.started(first, 0);
+    s.finished(first, 1e-3, true);
+  }
+  EXPECT_EQ(s.queue_length(0), 0);
+  EXPECT_EQ(s.decide(kKey, two_devices(), {}, 1).device, 0);
+}
+
+TEST(Scheduler, RunningWorkCountsOnlyItsRemainingTime) {
+  Scheduler s;
+  calibrate(s, [](int, int) { return 4e-3; });
+  Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 10.0);
+  s.enqueued(q);
+  s.started(q, 10.0);
+  EXPECT_NEAR(s.ready_in(0, 10.001), 3e-3, 1e-9);
+  EXPECT_NEAR(s.ready_in(0, 20.0), 0, 1e-12);  // overdue: no negative wait
+}
+
+TEST(Scheduler, CountsTheTransferOfNonResidentInputs) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 3e-3 : 1e-3; });
+  // Device 1 runs faster, but its inputs would take 10 ms to arrive.
+  Decision d = s.decide(kKey, two_devices(), {0.0, 10e-3}, 0, true);
+  EXPECT_EQ(d.device, 0);
+  EXPECT_NEAR(d.costs[1].completion, 11e-3, 1e-12);
+  // A cheap transfer does not outweigh the faster device.
+  EXPECT_EQ(s.decide(kKey, two_devices(), {0.0, 1e-3}, 0).device, 1);
+}
+
+TEST(Scheduler, WaitsForInputsOtherDevicesAreStillComputing) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 2e-3 : 1e-3; });
+  // The input is being computed on device 0 and exists in 5 ms: on device 1 the call could not
+  // start before then, while on device 0 it simply queues behind its producer.
+  Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  q.predicted = 5e-3;
+  s.enqueued(q);
+  Decision d = s.decide(kKey, two_devices(), {}, 0, true, {0.0, 5e-3});
+  EXPECT_NEAR(d.costs[1].ready, 5e-3, 1e-12);
+  EXPECT_NEAR(d.costs[1].completion, 6e-3, 1e-12);
+  EXPECT_NEAR(d.costs[0].completion, 7e-3, 1e-12);
+  EXPECT_EQ(d.device, 1);
+  // With a slower device 1, staying with the producer wins.
+  Scheduler t;
+  calibrate(t, [](int dev, int) { return dev == 0 ? 1e-3 : 3e-3; });
+  EXPECT_EQ(t.decide(kKey, two_devices(), {}, 0, false, {0.0, 5e-3}).device, 0);
+}
+
+TEST(Scheduler, MovesWorkOffADeviceWhoseTimesRise) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 1.5e-3; });
+  Decision d = s.decide(kKey, two_devices(), {}, 0);
+  ASSERT_EQ(d.device, 0);
+  // Device 0 becomes four times slower; the first slow runs of each of its variants are taken for
+  // outliers, a lasting change moves the estimate and the calls go to device 1.
+  int to_one = 0;
+  for (int i = 0; i < 20; i++) {
+    Decision c = s.decide(kKey, two_devices(), {}, 0);
+    c.timed = true;  // every run of a queued device is timed
+    s.finished(c, c.device == 0 ? 4e-3 : 1.5e-3, false);
+    to_one += c.device == 1;
+  }
+  EXPECT_GE(to_one, 12);
+  EXPECT_EQ(s.decide(kKey, two_devices(), {}, 0).device, 1);
+}
+
+TEST(Scheduler, OneOutlierDoesNotMoveTheModel) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 1.5e-3; });
+  Decision c = s.decide(kKey, two_devices(), {}, 0);
+  c.timed = true;
+  s.finished(c, 50e-3, false);  // a page fault
+  EXPECT_NEAR(s.estimate(kKey, 0, c.variant), 1e-3, 1e-12);
+  EXPECT_EQ(s.decide(kKey, two_devices(), {}, 0).device, 0);
+}
+
+TEST(Scheduler, MeasuredLoadScalesPredictionsAndNormalisesMeasurements) {
+  Scheduler s;
+  calibrate(s, [](int, int) { return 1e-3; });
+  s.set_load(0, 3.0);  // something else takes two thirds of device 0
+  Decision d = s.decide(kKey, two_devices(), {}, 0, true);
+  EXPECT_EQ(d.device, 1);
+  EXPECT_NEAR(d.costs[0].run, 3e-3, 1e-12);
+  // A run that took 3 ms under that load is the same kernel speed: the estimate stays 1 ms.
+  Decision c = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  c.timed = true;
+  s.finished(c, 3e-3, false);
+  EXPECT_NEAR(s.estimate(kKey, 0, c.variant), 1e-3, 1e-12);
+  s.set_load(0, 1.0);
+  EXPECT_EQ(s.decide(kKey, two_devices(), {}, 0).device, 0);  // ties go to the first device
+  EXPECT_THROW(s.set_load(0, 0.0), Error);
+}
+
+TEST(Scheduler, DevicesAreModelledSeparatelyPerBucket) {
+  Scheduler s;
+  calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 2e-3; });
+  EXPECT_EQ(s.estimate(kKey + 1, 0, 0), 0);
+  Decision d = s.decide(kKey + 1, two_devices(), {}, 0);
+  EXPECT_TRUE(d.calibrating);
+}
+
+TEST(Scheduler, BadInputIsAnError) {
+  Scheduler s;
+  EXPECT_THROW(s.decide(kKey, {}, {}, 0), Error);
+  EXPECT_THROW(s.decide(kKey, {{0, {}}}, {}, 0), Error);
+  EXPECT_THROW(s.decide(uint64_t(1) << 60, two_devices(), {}, 0), Error);
+  EXPECT_THROW(s.set_policy(DispatchPolicy{0, 1, 1}), Error);
+}
+
+}  // namespace
