@@ -13,7 +13,7 @@ using namespace opforge;
 constexpr uint64_t kKey = 42;
 
 // Two devices, each with variants 0 and 1.
-std::vector<Scheduler::Candidate> two_devices() { return {{0, {0, 1}}, {1, {0, 1}}}; }
+std::vector<Scheduler::Candidate> two_devices() { return {{0, 0b11}, {1, 0b11}}; }
 
 // Answers every calibration run with cost(device, variant) until the bucket is calibrated.
 template <class Cost>
@@ -58,7 +58,7 @@ TEST(Scheduler, PicksTheEarliestCompletionNotTheFastestDevice) {
   calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 2e-3; });
   // Device 0 is twice as fast but has 5 ms of queued work: device 1 finishes first.
   for (int i = 0; i < 5; i++) {
-    Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+    Decision q = s.decide(kKey, {{0, 0b11}}, {}, 0);
     s.enqueued(q);
   }
   EXPECT_EQ(s.queue_length(0), 5);
@@ -66,7 +66,7 @@ TEST(Scheduler, PicksTheEarliestCompletionNotTheFastestDevice) {
   Decision d = s.decide(kKey, two_devices(), {}, 0);
   EXPECT_EQ(d.device, 1);
   // Once the queue has drained, the fast device wins again.
-  Decision first = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  Decision first = s.decide(kKey, {{0, 0b11}}, {}, 0);
   for (int i = 0; i < 5; i++) {
     s.started(first, 0);
     s.finished(first, 1e-3, true);
@@ -78,7 +78,7 @@ TEST(Scheduler, PicksTheEarliestCompletionNotTheFastestDevice) {
 TEST(Scheduler, RunningWorkCountsOnlyItsRemainingTime) {
   Scheduler s;
   calibrate(s, [](int, int) { return 4e-3; });
-  Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 10.0);
+  Decision q = s.decide(kKey, {{0, 0b11}}, {}, 10.0);
   s.enqueued(q);
   s.started(q, 10.0);
   EXPECT_NEAR(s.ready_in(0, 10.001), 3e-3, 1e-9);
@@ -101,7 +101,7 @@ TEST(Scheduler, WaitsForInputsOtherDevicesAreStillComputing) {
   calibrate(s, [](int dev, int) { return dev == 0 ? 2e-3 : 1e-3; });
   // The input is being computed on device 0 and exists in 5 ms: on device 1 the call could not
   // start before then, while on device 0 it simply queues behind its producer.
-  Decision q = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  Decision q = s.decide(kKey, {{0, 0b11}}, {}, 0);
   q.predicted = 5e-3;
   s.enqueued(q);
   Decision d = s.decide(kKey, two_devices(), {}, 0, true, {0.0, 5e-3});
@@ -151,7 +151,7 @@ TEST(Scheduler, MeasuredLoadScalesPredictionsAndNormalisesMeasurements) {
   EXPECT_EQ(d.device, 1);
   EXPECT_NEAR(d.costs[0].run, 3e-3, 1e-12);
   // A run that took 3 ms under that load is the same kernel speed: the estimate stays 1 ms.
-  Decision c = s.decide(kKey, {{0, {0, 1}}}, {}, 0);
+  Decision c = s.decide(kKey, {{0, 0b11}}, {}, 0);
   c.timed = true;
   s.finished(c, 3e-3, false);
   EXPECT_NEAR(s.estimate(kKey, 0, c.variant), 1e-3, 1e-12);
@@ -171,7 +171,7 @@ TEST(Scheduler, DevicesAreModelledSeparatelyPerBucket) {
 TEST(Scheduler, BadInputIsAnError) {
   Scheduler s;
   EXPECT_THROW(s.decide(kKey, {}, {}, 0), Error);
-  EXPECT_THROW(s.decide(kKey, {{0, {}}}, {}, 0), Error);
+  EXPECT_THROW(s.decide(kKey, {{0, 0}}, {}, 0), Error);
   EXPECT_THROW(s.decide(uint64_t(1) << 60, two_devices(), {}, 0), Error);
   EXPECT_THROW(s.set_policy(DispatchPolicy{0, 1, 1}), Error);
 }

@@ -74,8 +74,10 @@ struct State {
   std::mutex mu;                                  // guards what follows
   std::unordered_map<uint64_t, CallStats> calls;  // by (group, variant, device)
   std::vector<const KernelGroup*> groups_seen;
+  std::vector<bool> group_seen;  // by group id
   Clock clock;
   std::string forced;
+  std::atomic<bool> any_forced{false}, any_clock{false};  // lets calls skip the lock
   DevicePolicy device_policy = initial_device_policy();
   std::atomic<uint64_t> round_robin{0};
   bool log = log_enabled("dispatch");
@@ -85,6 +87,7 @@ struct State {
 
   State() {
     if (const char* v = std::getenv("OPFORGE_VARIANT")) forced = v;
+    any_forced = !forced.empty();
     halide_set_error_handler(halide_error_to_message);
     const auto& pools = detail::cpu_pools();
     if (pools.empty()) {
@@ -156,18 +159,20 @@ std::string extents_str(const CallExtents& ext) {
   return os.str();
 }
 
-// The variants that may run the call: those the forced name selects and whose minimum is met.
-std::vector<int> eligible_variants(const KernelGroup& g, const CallExtents& ext,
-                                   const std::string& forced) {
+// The variants that may run the call, as a bit mask: those the forced name selects and whose
+// minimum is met.
+uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext,
+                           const std::string& forced) {
   // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
-  bool exact = std::any_of(g.variants.begin(), g.variants.end(),
-                           [&](const VariantInfo& v) { return v.name == forced; });
-  std::vector<int> out;
-  for (size_t i = 0; i < g.variants.size(); i++) {
+  bool exact =
+      !forced.empty() && std::any_of(g.variants.begin(), g.variants.end(),
+                                     [&](const VariantInfo& v) { return v.name == forced; });
+  uint32_t mask = 0;
+  for (size_t i = 0; i < g.variants.size() && i < 32; i++) {
     bool named = exact ? g.variants[i].name == forced : matches_forced(g.variants[i].name, forced);
-    if (named && variant_accepts(g.variants[i], ext)) out.push_back(int(i));
+    if (named && variant_accepts(g.variants[i], ext)) mask |= uint32_t(1) << i;
   }
-  if (out.empty()) {
+  if (mask == 0) {
     std::ostringstream os;
     os << g.op->name << " (" << g.dtype_key << "): no variant";
     if (!forced.empty()) os << " named '" << forced << "'";
@@ -179,7 +184,7 @@ std::vector<int> eligible_variants(const KernelGroup& g, const CallExtents& ext,
     }
     throw Error(os.str());
   }
-  return out;
+  return mask;
 }
 
 // The index of a device in the table of devices that run kernels, or an Error.
@@ -192,19 +197,21 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
 
 bool pinned() { return default_device_is_set(); }
 
-std::vector<int> candidate_devices(State& s, const std::string& op) {
-  if (pinned()) return {exec_index(s, default_device(), op)};
+// The devices a call may run on (a per-thread list, valid until the next call).
+const std::vector<int>& candidate_devices(State& s, const std::string& op) {
+  thread_local std::vector<int> devs;
+  devs.clear();
   int n = int(s.devices.size());
-  if (n == 1) return {0};
-  DevicePolicy policy;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    policy = s.device_policy;
+  if (pinned()) {
+    devs.push_back(exec_index(s, default_device(), op));
+  } else if (n == 1) {
+    devs.push_back(0);
+  } else if (device_policy() == DevicePolicy::round_robin) {
+    devs.push_back(int(s.round_robin++ % uint64_t(n)));
+  } else {
+    for (int i = 0; i < n; i++) devs.push_back(i);
   }
-  if (policy == DevicePolicy::round_robin) return {int(s.round_robin++ % uint64_t(n))};
-  std::vector<int> all(static_cast<size_t>(n));
-  for (int i = 0; i < n; i++) all[size_t(i)] = i;
-  return all;
+  return devs;
 }
 
 void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, const Decision& d) {
@@ -228,23 +235,26 @@ void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, 
 Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
                 const std::vector<int>& devs, Clock& clock,
                 const std::vector<detail::EventPtr>& deps = {}) {
-  std::vector<Scheduler::Candidate> cands;
-  std::string forced;
-  {
+  thread_local std::vector<Scheduler::Candidate> cands;
+  thread_local std::vector<double> inputs_ready;
+  thread_local std::string forced;
+  forced.clear();
+  clock = nullptr;
+  if (s.any_forced.load(std::memory_order_relaxed) || s.any_clock.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(s.mu);
     forced = s.forced;
     clock = s.clock;
-    if (std::find(s.groups_seen.begin(), s.groups_seen.end(), &g) == s.groups_seen.end())
-      s.groups_seen.push_back(&g);
   }
-  std::vector<int> variants = eligible_variants(g, ext, forced);
+  uint32_t variants = eligible_variants(g, ext, forced);
+  cands.clear();
   for (int d : devs) {
-    // Injected time (tests) has nothing to do with this machine's load.
-    s.sched.set_load(d, clock ? 1.0 : s.devices[size_t(d)]->meter->sample());
+    // Load matters where there is a choice of device. Injected time (tests) has nothing to do
+    // with this machine's load.
+    if (devs.size() > 1) s.sched.set_load(d, clock ? 1.0 : s.devices[size_t(d)]->meter->sample());
     cands.push_back({d, variants});
   }
-  double now = now_seconds(clock);
-  std::vector<double> inputs_ready;
+  double now = devs.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
+  inputs_ready.clear();
   if (devs.size() > 1)
     for (const auto& e : deps) {
       if (e->done()) continue;
@@ -256,6 +266,11 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   Decision d = s.sched.decide(bucket_key(g, ext), cands, {}, now, s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   std::lock_guard<std::mutex> lock(s.mu);
+  if (g.id >= s.group_seen.size()) s.group_seen.resize(g.id + 1);
+  if (!s.group_seen[g.id]) {
+    s.group_seen[g.id] = true;
+    s.groups_seen.push_back(&g);
+  }
   s.calls[stats_key(g, d.variant, d.device)].calls++;
   return d;
 }
@@ -282,6 +297,7 @@ std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void**
 }
 
 void record_time(State& s, const KernelGroup& g, const Decision& d, double seconds, bool enqueued) {
+  if (!d.timed && !enqueued) return;
   s.sched.finished(d, seconds, enqueued);
   if (!d.timed) return;
   std::lock_guard<std::mutex> lock(s.mu);
@@ -302,6 +318,7 @@ void set_clock(Clock clock) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.clock = std::move(clock);
+  s.any_clock = bool(s.clock);
 }
 
 void force_variant(const std::string& name) {
@@ -309,6 +326,7 @@ void force_variant(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.forced = name;
+    s.any_forced = !name.empty();
   }
   s.sched.reset();
 }
@@ -405,7 +423,8 @@ namespace detail {
 
 void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   State& s = state();
-  std::vector<EventPtr> deps;
+  thread_local std::vector<EventPtr> deps;
+  deps.clear();
   int last = args.num_buffers() - 1;
   for (int b = 0; b <= last; b++)
     if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
@@ -417,6 +436,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   if (!dev.queue) {
     for (const auto& e : deps)
       if (const std::string& err = e->wait(); !err.empty()) throw Error(err);
+    deps.clear();  // no event outlives the call in this thread's scratch
     double seconds = 0;
     std::string err = run_kernel(s, g, d, args.argv(), clock, seconds);
     if (!err.empty()) throw Error(err);

@@ -50,13 +50,14 @@ const Scheduler::DeviceState* Scheduler::find_dev(int d) const {
   return d >= 0 && d < int(devices_.size()) ? &devices_[size_t(d)] : nullptr;
 }
 
-Scheduler::Entry& Scheduler::entry(uint64_t key, int device, const std::vector<int>& variants) {
+Scheduler::Entry& Scheduler::entry(uint64_t key, int device, uint32_t variants) {
   uint64_t k = key | (uint64_t(device) << kDeviceShift);
   auto it = model_.find(k);
   if (it == model_.end()) {
     Entry e;
-    e.variants = variants;
-    e.stats.resize(variants.size());
+    for (int v = 0; v < 32; v++)
+      if ((variants >> v) & 1) e.variants.push_back(v);
+    e.stats.resize(e.variants.size());
     it = model_.emplace(k, std::move(e)).first;
   }
   return it->second;
@@ -86,7 +87,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   Entry* cal = nullptr;
   int cal_device = 0;
   for (const auto& c : cands) {
-    OPFORGE_CHECK(!c.variants.empty()) << "scheduler: device " << c.device << " has no variant";
+    OPFORGE_CHECK(c.variants != 0) << "scheduler: device " << c.device << " has no variant";
     Entry& e = entry(key, c.device, c.variants);
     bool choice = e.variants.size() > 1 || cands.size() > 1;
     if (choice && e.calibration_issued < runs * int(e.variants.size()) &&

@@ -94,6 +94,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
 }
 
 void Storage::dependencies(std::vector<detail::EventPtr>& deps, bool write) const {
+  if (!tracked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (writer_) deps.push_back(writer_);  // even when done: a failed writer fails its readers
   if (write)
@@ -103,6 +104,7 @@ void Storage::dependencies(std::vector<detail::EventPtr>& deps, bool write) cons
 
 void Storage::record(const detail::EventPtr& ev, bool write) {
   std::lock_guard<std::mutex> lock(mu_);
+  tracked_.store(true, std::memory_order_release);
   if (write) {
     writer_ = ev;
     readers_.clear();
@@ -113,6 +115,7 @@ void Storage::record(const detail::EventPtr& ev, bool write) {
 }
 
 void Storage::sync() const {
+  if (!tracked_.load(std::memory_order_acquire)) return;
   std::vector<detail::EventPtr> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -2,6 +2,7 @@
 // allocates same-sized outputs reuses memory whose pages are already mapped (a fresh 64 MB block
 // costs more in page faults than an elementwise kernel over it).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,7 @@ struct Storage {
 
  private:
   mutable std::mutex mu_;
+  std::atomic<bool> tracked_{false};  // any event recorded yet: until then nothing to lock
   detail::EventPtr writer_;
   std::vector<detail::EventPtr> readers_;
 };

@@ -41,10 +41,11 @@ struct Decision {
 
 class Scheduler {
  public:
-  // A device that may run the call and the variants (indices into the kernel group) it may use.
+  // A device that may run the call and the variants it may use: bit i set = variant i of the
+  // kernel group (at most 32).
   struct Candidate {
     int device = 0;
-    std::vector<int> variants;
+    uint32_t variants = 0;
   };
 
   explicit Scheduler(int max_devices = 64);
@@ -96,7 +97,7 @@ class Scheduler {
     bool running = false;
     double running_predicted = 0, running_start = 0;
   };
-  Entry& entry(uint64_t key, int device, const std::vector<int>& variants);
+  Entry& entry(uint64_t key, int device, uint32_t variants);
   void record(Entry& e, int slot, double seconds, bool calibrating);
   DeviceState& dev(int d);
   const DeviceState* find_dev(int d) const;
