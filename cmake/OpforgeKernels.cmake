@@ -40,7 +40,8 @@ function(opforge_compile_kernels)
   endif()
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/kernels)
   file(MAKE_DIRECTORY ${dir})
-  set(objects ${dir}/${A_UNIT}.avx512.o ${dir}/${A_UNIT}.avx2.o ${dir}/${A_UNIT}.sse41.o)
+  set(objects ${dir}/${A_UNIT}.avx512.o ${dir}/${A_UNIT}.avx2.o ${dir}/${A_UNIT}.sse41.o
+              ${dir}/${A_UNIT}.opencl.o)
   set(registry ${dir}/${A_UNIT}.registry.cpp)
   set(flags)
   if(A_STATIC_INIT)
@@ -58,7 +59,8 @@ function(opforge_compile_kernels)
             sh -c "\"$0\" \"$@\" > ${log} 2>&1 || { cat ${log}; exit 1; }"
             $<TARGET_FILE:${A_COMPILER}> --family ${A_FAMILY} --shard ${A_SHARD} --shards ${A_SHARDS}
             --unit ${A_UNIT} --prefix ${A_PREFIX} --out ${dir}
-            --adams $<TARGET_FILE:Halide::Adams2019> --mullapudi $<TARGET_FILE:Halide::Mullapudi2016> ${flags}
+            --adams $<TARGET_FILE:Halide::Adams2019> --mullapudi $<TARGET_FILE:Halide::Mullapudi2016>
+            --li2018 $<TARGET_FILE:Halide::Li2018> --linker ${CMAKE_LINKER} ${flags}
     DEPENDS ${A_COMPILER}
     COMMENT "Generating ${A_FAMILY} kernels (${A_UNIT})"
     VERBATIM)

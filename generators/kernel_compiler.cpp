@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -14,6 +15,7 @@
 
 #include "generators/pipelines.hpp"
 #include "schedules/cpu_manual.hpp"
+#include "schedules/gpu_manual.hpp"
 #include "schedules/variants.hpp"
 #include OPFORGE_OPS_HEADER
 
@@ -25,7 +27,8 @@ namespace hana = boost::hana;
 struct Options {
   std::string family, out_dir, unit, prefix = "opforge_k";
   int shard = 0, shards = 1;
-  std::string adams, mullapudi;
+  std::string adams, mullapudi, li2018;
+  std::string linker = "ld";  // joins the GPU pipelines' objects (see below)
   std::string only_variants;  // comma list; empty = all
   bool static_init = false;
 };
@@ -67,7 +70,29 @@ std::string sanitize(std::string s) {
 }
 
 const char* scheduler_plugin(schedules::Scheduler s) {
-  return s == schedules::Scheduler::adams2019 ? "Adams2019" : "Mullapudi2016";
+  switch (s) {
+    case schedules::Scheduler::adams2019:
+      return "Adams2019";
+    case schedules::Scheduler::mullapudi2016:
+      return "Mullapudi2016";
+    default:
+      return "Li2018";
+  }
+}
+
+// The autoscheduler plugin a variant needs, empty when it needs none or was not given.
+const std::string& plugin_path(const Options& opt, schedules::Scheduler s) {
+  static const std::string none;
+  switch (s) {
+    case schedules::Scheduler::adams2019:
+      return opt.adams;
+    case schedules::Scheduler::mullapudi2016:
+      return opt.mullapudi;
+    case schedules::Scheduler::li2018:
+      return opt.li2018;
+    default:
+      return none;
+  }
 }
 
 struct Emitted {
@@ -92,37 +117,69 @@ int run(const Options& opt) {
   for (size_t i = 0; i < all.size(); i++)
     if (int(i % opt.shards) == opt.shard) mine.push_back(all[i]);
 
-  if (!opt.adams.empty()) Halide::load_plugin(opt.adams);
-  if (!opt.mullapudi.empty()) Halide::load_plugin(opt.mullapudi);
+  for (const auto* plugin : {&opt.adams, &opt.mullapudi, &opt.li2018})
+    if (!plugin->empty()) Halide::load_plugin(*plugin);
 
   std::vector<Emitted> emitted;
-  auto variants = schedules::variants_for(family);
-  for (const auto& target : schedules::cpu_targets()) {
+  struct TargetVariants {
+    schedules::CpuTarget target;
+    std::vector<schedules::Variant> variants;
+  };
+  std::vector<TargetVariants> jobs;
+  for (const auto& t : schedules::cpu_targets())
+    jobs.push_back({t, schedules::variants_for(family)});
+  for (const auto& t : schedules::gpu_targets())
+    jobs.push_back({t, schedules::gpu_variants_for(family)});
+  for (const auto& [target, variants] : jobs) {
     Halide::Target t(target.halide + (schedules::strict_float(family) ? "-strict_float" : ""));
     Halide::Module module(sanitize(opt.unit + "_" + target.tag), t);
+    // Halide 14 gives every GPU pipeline's kernel source and module state the same names, so GPU
+    // pipelines cannot share a Module: each gets its own object, joined with `ld -r`.
+    bool gpu = t.has_gpu_feature();
+    std::vector<std::string> parts;
+    std::string parts_dir = opt.out_dir + "/" + opt.unit + "." + target.tag + ".parts";
+    if (gpu) std::filesystem::create_directories(parts_dir);
     for (const auto& k : mine) {
       for (const auto& v : variants) {
         if (!opt.only_variants.empty() &&
             ("," + opt.only_variants + ",").find("," + v.name + ",") == std::string::npos)
           continue;
-        if (v.scheduler == schedules::Scheduler::adams2019 && opt.adams.empty()) continue;
-        if (v.scheduler == schedules::Scheduler::mullapudi2016 && opt.mullapudi.empty()) continue;
+        bool manual = v.scheduler == schedules::Scheduler::manual ||
+                      v.scheduler == schedules::Scheduler::gpu_manual;
+        if (!manual && plugin_path(opt, v.scheduler).empty()) continue;
         auto t0 = std::chrono::steady_clock::now();
         Pipeline p = k.build();
         std::vector<int64_t> min_extents;
         Halide::Pipeline pipeline(p.out);
-        if (v.scheduler == schedules::Scheduler::manual) {
-          min_extents = schedules::schedule_manual(p, t, v.name);
-        } else {
-          min_extents = p.set_estimates(v.estimate);
-          pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
-                                 Halide::MachineParams(schedules::kMachineParams));
-        }
         std::string fn =
             sanitize(opt.prefix + "_" + k.op + "_" + k.dtype_key + "_" + v.name + "_" + target.tag);
-        Halide::Module m = pipeline.compile_to_module(p.args, fn, t);
-        for (const auto& f : m.functions()) module.append(f);
-        for (const auto& b : m.buffers()) module.append(b);
+        Halide::Module m("", t);
+        try {
+          if (v.scheduler == schedules::Scheduler::manual) {
+            min_extents = schedules::schedule_manual(p, t, v.name);
+          } else if (v.scheduler == schedules::Scheduler::gpu_manual) {
+            min_extents = schedules::schedule_gpu(p);
+          } else {
+            min_extents = p.set_estimates(v.estimate);
+            pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
+                                   Halide::MachineParams(schedules::kMachineParams));
+          }
+          m = pipeline.compile_to_module(p.args, fn, t);
+        } catch (const Halide::CompileError& e) {
+          // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit atomics
+          // that OpenCL lacks): that variant is left out, and the log says so. A hand schedule
+          // that fails is a bug.
+          if (manual) throw;
+          fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
+          continue;
+        }
+        if (gpu) {
+          parts.push_back(parts_dir + "/" + fn + ".o");
+          m.compile({{Halide::OutputFileType::object, parts.back()}});
+        } else {
+          for (const auto& f : m.functions()) module.append(f);
+          for (const auto& b : m.buffers()) module.append(b);
+        }
         emitted.push_back({fn, k.op, k.dtype_key, v.name, target.tag, p, min_extents});
         if (getenv("OPFORGE_KC_VERBOSE")) {
           double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -130,8 +187,18 @@ int run(const Options& opt) {
         }
       }
     }
-    module.compile(
-        {{Halide::OutputFileType::object, opt.out_dir + "/" + opt.unit + "." + target.tag + ".o"}});
+    std::string object = opt.out_dir + "/" + opt.unit + "." + target.tag + ".o";
+    if (parts.empty()) {
+      module.compile({{Halide::OutputFileType::object, object}});
+    } else {
+      std::string cmd = "\"" + opt.linker + "\" -r -o \"" + object + "\"";
+      for (const auto& part : parts) cmd += " \"" + part + "\"";
+      if (std::system(cmd.c_str()) != 0) {
+        std::cerr << "opforge-kc: joining the " << target.tag << " objects failed: " << cmd << "\n";
+        return 1;
+      }
+    }
+    if (gpu) std::filesystem::remove_all(parts_dir);
   }
 
   std::ofstream reg(opt.out_dir + "/" + opt.unit + ".registry.cpp");
@@ -191,18 +258,23 @@ int main(int argc, char** argv) {
       opt.adams = next();
     else if (a == "--mullapudi")
       opt.mullapudi = next();
+    else if (a == "--li2018")
+      opt.li2018 = next();
+    else if (a == "--linker")
+      opt.linker = next();
     else if (a == "--variants")
       opt.only_variants = next();
     else if (a == "--static-init")
       opt.static_init = true;
     else if (a == "--runtime") {
       // The one Halide runtime every kernel library shares.
-      Halide::compile_standalone_runtime(next(), Halide::Target("x86-64-linux-sse41"));
+      Halide::compile_standalone_runtime(next(), Halide::Target(schedules::kRuntimeTarget));
       return 0;
     } else {
       std::cerr << "opforge-kc: unknown argument '" << a << "'\n"
                 << "usage: opforge-kc --family F --unit NAME --out DIR [--shard I --shards N] "
-                   "[--adams PLUGIN] [--mullapudi PLUGIN] [--variants a,b] [--static-init]\n"
+                   "[--adams PLUGIN] [--mullapudi PLUGIN] [--li2018 PLUGIN] [--variants a,b] "
+                   "[--static-init]\n"
                    "       opforge-kc --runtime OBJECT\n";
       return 2;
     }

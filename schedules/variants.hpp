@@ -9,7 +9,7 @@
 
 namespace opforge::schedules {
 
-enum class Scheduler { manual, adams2019, mullapudi2016 };
+enum class Scheduler { manual, adams2019, mullapudi2016, gpu_manual, li2018 };
 
 struct Variant {
   std::string name;
@@ -47,6 +47,16 @@ inline std::vector<Variant> variants_for(dsl::Family f) {
   return v;
 }
 
+// GPU variants: a hand GPU schedule and Li2018, the only Halide 14 autoscheduler that emits GPU
+// schedules (Adams2019 and Mullapudi2016 silently schedule for the CPU on a GPU target).
+inline std::vector<Variant> gpu_variants_for(dsl::Family f) {
+  int64_t estimate = f == dsl::Family::contraction ? 128
+                     : f == dsl::Family::window    ? 16
+                     : f == dsl::Family::reduction ? 64
+                                                   : 1 << 14;
+  return {{"gpu", Scheduler::gpu_manual}, {"li2018", Scheduler::li2018, estimate}};
+}
+
 struct CpuTarget {
   std::string tag;     // what the runtime calls it
   std::string halide;  // Halide target string (no_runtime: one shared runtime is linked)
@@ -60,6 +70,17 @@ inline std::vector<CpuTarget> cpu_targets() {
           {"avx2", "x86-64-linux-sse41-avx-f16c-fma-avx2-user_context-no_runtime"},
           {"sse41", "x86-64-linux-sse41-user_context-no_runtime"}};
 }
+
+// GPU targets: host code for the baseline x86 level, device code for the GPU API. `cl_doubles`
+// lets float64 kernels run on OpenCL devices that support doubles and `cl_atomics64` int64
+// reductions that Li2018 schedules with atomics (PoCL supports both).
+inline std::vector<CpuTarget> gpu_targets() {
+  return {{"opencl", "x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context-no_runtime"}};
+}
+
+// The union of every target's features: the one shared runtime must hold each device API.
+inline const char* kRuntimeTarget =
+    "x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context";
 
 // IEEE semantics (NaN and Inf propagate, no fast-math folding of NaN checks) for the families whose
 // results users compare against NumPy at special values. Contraction and window kernels keep

@@ -155,12 +155,16 @@ std::vector<DeviceInfo> discover() {
   }
   const OpenCL& cl = opencl();
   for (size_t i = 0; i < cl.ids.size(); i++) {
-    constexpr unsigned kName = 0x102B, kGlobalMem = 0x101F;
+    constexpr unsigned kName = 0x102B, kGlobalMem = 0x101F, kType = 0x1000;
+    constexpr uint64_t kTypeCpu = 2;
     char name[256] = {};
-    uint64_t mem = 0;
+    uint64_t mem = 0, type = 0;
     cl.device_info(cl.ids[i], kName, sizeof(name) - 1, name, nullptr);
     cl.device_info(cl.ids[i], kGlobalMem, sizeof(mem), &mem, nullptr);
-    out.push_back({{DeviceKind::opencl, int(i)}, name, mem});
+    cl.device_info(cl.ids[i], kType, sizeof(type), &type, nullptr);
+    DeviceInfo info{{DeviceKind::opencl, int(i)}, name, mem};
+    info.shares_cpu_cores = (type & kTypeCpu) != 0;
+    out.push_back(info);
   }
   const Nvml& n = nvml();
   unsigned count = 0;
@@ -317,10 +321,12 @@ uint64_t used_mem_on_dev(const Device& d, bool process_only) {
       return mine;
     }
     case DeviceKind::opencl:
-      break;
+      // OpenCL has no query for a device's memory in use: what this process holds there is the
+      // best answer, for both questions.
+      for (const auto& s : device_stats())
+        if (s.device == d) return s.device_bytes;
+      return 0;
   }
-  OPFORGE_CHECK(false) << "used_mem_on_dev: OpenCL reports no memory use; " << d.str()
-                       << " memory accounting comes with the runtime's OpenCL allocator";
   return 0;
 }
 
@@ -353,10 +359,17 @@ double dev_util(const Device& d) {
         << d.str() << ": NVML utilization query failed";
     return u.gpu;
   }
-  OPFORGE_CHECK(false) << "dev_util: " << d.str()
-                       << " has no driver-side utilization; it comes from the runtime's busy time "
-                          "with OpenCL kernels";
-  return 0;
+  // OpenCL has no utilization query: the share of time its queue spent running calls.
+  auto busy = [&] {
+    for (const auto& s : device_stats())
+      if (s.device == d) return s.busy_seconds;
+    return 0.0;
+  };
+  double b0 = busy();
+  auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::min(100.0, 100.0 * (busy() - b0) / wall);
 }
 
 Device default_device() {

@@ -42,10 +42,14 @@ double steady_seconds() {
 // run on the caller's thread) and how its load is measured.
 struct ExecDevice {
   Device device;
+  bool in_auto = true;  // automatic placement may choose it
   detail::CpuPool* pool = nullptr;
   std::unique_ptr<detail::DeviceQueue> queue;
-  std::unique_ptr<detail::LoadMeter> meter;
+  std::unique_ptr<detail::LoadMeter> meter;  // null: nothing else runs there (load 1)
   std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> busy_ns{0};        // time spent running its queued calls
+  std::atomic<int64_t> running_since{0};  // steady-clock ns when the running call began; 0: idle
+  std::atomic<int64_t> device_bytes{0};   // GPU memory held by its calls in flight
 };
 
 struct CallStats {
@@ -109,6 +113,19 @@ struct State {
         t.push_back(queue_tid);
         return t;
       });
+      devices.push_back(std::move(d));
+    }
+    // GPU devices: each has a queue; an OpenCL device on the host's cores (PoCL) also feels the
+    // host's load.
+    std::vector<int> all_cores(static_cast<size_t>(num_cpu_cores(true)));
+    for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
+    for (const DeviceInfo& info : opforge::devices()) {
+      if (info.device.kind == DeviceKind::cpu) continue;
+      auto d = std::make_unique<ExecDevice>();
+      d->device = info.device;
+      d->in_auto = !info.shares_cpu_cores;
+      d->queue = std::make_unique<detail::DeviceQueue>(int(devices.size()), std::vector<int>{});
+      if (info.shares_cpu_cores) d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
       devices.push_back(std::move(d));
     }
     // Queued calls hold tensors and kernels: let them finish before the process tears down.
@@ -206,10 +223,13 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op) {
     devs.push_back(exec_index(s, default_device(), op));
   } else if (n == 1) {
     devs.push_back(0);
-  } else if (device_policy() == DevicePolicy::round_robin) {
-    devs.push_back(int(s.round_robin++ % uint64_t(n)));
   } else {
-    for (int i = 0; i < n; i++) devs.push_back(i);
+    for (int i = 0; i < n; i++)
+      if (s.devices[size_t(i)]->in_auto) devs.push_back(i);
+    if (devs.size() > 1 && device_policy() == DevicePolicy::round_robin) {
+      int pick = devs[s.round_robin++ % devs.size()];
+      devs.assign(1, pick);
+    }
   }
   return devs;
 }
@@ -248,14 +268,29 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   uint32_t variants = eligible_variants(g, ext, forced);
   cands.clear();
   for (int d : devs) {
+    const ExecDevice& dev = *s.devices[size_t(d)];
+    uint32_t mine = variants & g.kind_mask[int(dev.device.kind)];
+    if (!mine) continue;
     // Load matters where there is a choice of device. Injected time (tests) has nothing to do
     // with this machine's load.
-    if (devs.size() > 1) s.sched.set_load(d, clock ? 1.0 : s.devices[size_t(d)]->meter->sample());
-    cands.push_back({d, variants});
+    if (devs.size() > 1) s.sched.set_load(d, clock || !dev.meter ? 1.0 : dev.meter->sample());
+    cands.push_back({d, mine});
   }
-  double now = devs.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
+  if (cands.empty()) {
+    std::ostringstream os;
+    os << g.op->name << " (" << g.dtype_key << "): no kernel";
+    if (!forced.empty()) os << " named '" << forced << "'";
+    os << " for ";
+    for (size_t i = 0; i < devs.size(); i++)
+      os << (i ? ", " : "") << s.devices[size_t(devs[i])]->device.str();
+    os << "; its variants run on:";
+    for (const auto& v : g.variants)
+      os << " " << v.name << "(" << (v.kind == DeviceKind::cpu ? "cpu" : v.kernel->target) << ")";
+    throw Error(os.str());
+  }
+  double now = cands.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
   inputs_ready.clear();
-  if (devs.size() > 1)
+  if (cands.size() > 1)
     for (const auto& e : deps) {
       if (e->done()) continue;
       inputs_ready.resize(s.devices.size());
@@ -294,6 +329,37 @@ std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void**
   }
   seconds = d.timed ? now_seconds(clock) - t0 : 0;
   return {};
+}
+
+// Runs a queued call on its device. GPU kernels get host-resident tensors: Halide copies the inputs
+// over (they are marked host-dirty), the output comes back to host memory, and the device copies
+// are freed; the measured time includes those transfers.
+std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail::KernelArgs& args,
+                       const Clock& clock, double& seconds) {
+  ExecDevice& dev = *s.devices[size_t(d.device)];
+  void** argv = args.argv();
+  if (dev.device.kind == DeviceKind::cpu) return run_kernel(s, g, d, argv, clock, seconds);
+  int last = args.num_buffers() - 1;
+  int64_t bytes = 0;
+  for (int b = 0; b <= last; b++) {
+    halide_buffer_t* hb = args.halide_buffer(b);
+    if (b < last) hb->set_host_dirty(true);
+    bytes += int64_t(hb->size_in_bytes());
+  }
+  dev.device_bytes += bytes;
+  double t0 = now_seconds(clock);
+  std::string err = run_kernel(s, g, d, argv, clock, seconds);
+  if (err.empty()) {
+    halide_error_message.clear();
+    if (halide_copy_to_host(nullptr, args.halide_buffer(last)) != 0)
+      err = g.op->name + ": copying the result back from " + dev.device.str() +
+            " failed: " + halide_error_message;
+  }
+  for (int b = 0; b <= last; b++)
+    if (halide_buffer_t* hb = args.halide_buffer(b); hb->device) halide_device_free(nullptr, hb);
+  dev.device_bytes -= bytes;
+  seconds = now_seconds(clock) - t0;
+  return err;
 }
 
 void record_time(State& s, const KernelGroup& g, const Decision& d, double seconds, bool enqueued) {
@@ -385,7 +451,12 @@ std::vector<DeviceStats> device_stats() {
     st.kernel_calls = d.calls.load();
     st.queue_length = s.sched.queue_length(int(i));
     st.queued_seconds = s.sched.ready_in(int(i), now);
-    st.load = d.meter->sample();
+    st.load = d.meter ? d.meter->sample() : 1.0;
+    // A call still running counts up to now, so that a device busy with one long call shows it.
+    int64_t since = d.running_since.load(), busy = d.busy_ns.load();
+    if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
+    st.busy_seconds = double(busy) * 1e-9;
+    st.device_bytes = uint64_t(std::max<int64_t>(0, d.device_bytes.load()));
     if (d.pool) {
       st.tasks = d.pool->tasks();
       st.foreign_core_tasks = d.pool->foreign_tasks();
@@ -452,28 +523,34 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   for (int b = 0; b <= last; b++)
     if (const auto& st = args.storage(b)) st->record(done, b == last);
   s.sched.enqueued(d);
-  dev.queue->submit(
-      [&s, &g, d, clock, args = std::move(args), deps = std::move(deps), done]() mutable {
-        std::string err;
-        for (const auto& e : deps)
-          if (const std::string& dep_err = e->wait(); !dep_err.empty()) {
-            err = g.op->name + ": an input was not computed: " + dep_err;
-            break;
-          }
-        double seconds = 0;
-        if (err.empty()) {
-          s.sched.started(d, now_seconds(clock));
-          err = run_kernel(s, g, d, args.argv(), clock, seconds);
-        }
-        Decision timed = d;
-        timed.timed = err.empty();
-        record_time(s, g, timed, seconds, true);
-        if (!err.empty()) {
-          std::lock_guard<std::mutex> lock(s.error_mu);
-          if (s.queued_error.empty()) s.queued_error = err;
-        }
-        done->complete(err);
-      });
+  dev.queue->submit([&s, &g, d, clock, args = std::move(args), deps = std::move(deps),
+                     done]() mutable {
+    std::string err;
+    for (const auto& e : deps)
+      if (const std::string& dep_err = e->wait(); !dep_err.empty()) {
+        err = g.op->name + ": an input was not computed: " + dep_err;
+        break;
+      }
+    double seconds = 0;
+    if (err.empty()) {
+      s.sched.started(d, now_seconds(clock));
+      auto t0 = std::chrono::steady_clock::now();
+      s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
+      err = run_queued(s, g, d, args, clock, seconds);
+      s.devices[size_t(d.device)]->running_since = 0;
+      s.devices[size_t(d.device)]->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                  std::chrono::steady_clock::now() - t0)
+                                                  .count();
+    }
+    Decision timed = d;
+    timed.timed = err.empty();
+    record_time(s, g, timed, seconds, true);
+    if (!err.empty()) {
+      std::lock_guard<std::mutex> lock(s.error_mu);
+      if (s.queued_error.empty()) s.queued_error = err;
+    }
+    done->complete(err);
+  });
 }
 
 }  // namespace detail

@@ -72,6 +72,7 @@ class KernelArgs {
   void set_context(void* ctx) { context_ = ctx; }
   void** argv();
   int num_buffers() const { return nb_; }
+  halide_buffer_t* halide_buffer(int i) { return &bufs_[size_t(i)].b; }
   // Storages the call reads (every buffer but the last) and writes (the last).
   const std::shared_ptr<Storage>& storage(int buffer) const { return storages_[size_t(buffer)]; }
 

@@ -74,8 +74,9 @@ void register_kernels(const KernelVariant* variants, size_t count) {
   std::lock_guard<std::mutex> lock(r.mu);
   for (size_t i = 0; i < count; i++) {
     const KernelVariant& k = variants[i];
+    DeviceKind kind = target_device_kind(k.target);
     int rank = target_rank(k.target);
-    if (rank == 0 || rank > cpu_rank()) continue;
+    if (kind == DeviceKind::cpu && (rank == 0 || rank > cpu_rank())) continue;
     OpInfo& op = r.ops[k.op];
     if (op.name.empty()) {
       op.name = k.op;
@@ -92,13 +93,18 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       g.out_dtype = k.out_dtype;
       g.id = r.next_group++;
     }
-    auto it = std::find_if(g.variants.begin(), g.variants.end(),
-                           [&](const VariantInfo& v) { return v.name == k.variant; });
+    auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) {
+      return v.name == k.variant && v.kind == kind;
+    });
     if (it == g.variants.end()) {
+      OPFORGE_CHECK(g.variants.size() < 32)
+          << k.op << " (" << k.dtype_key << "): more than 32 kernel variants";
       VariantInfo v;
       v.name = k.variant;
       v.kernel = &k;
+      v.kind = kind;
       v.num_extents = call_extent_count(op);
+      g.kind_mask[int(kind)] |= uint32_t(1) << g.variants.size();
       g.variants.push_back(v);
     } else if (target_rank(it->kernel->target) < rank) {
       it->kernel = &k;
@@ -149,6 +155,12 @@ std::vector<const OpInfo*> all_ops() {
   std::vector<const OpInfo*> v;
   for (const auto& [n, op] : registry().ops) v.push_back(&op);
   return v;
+}
+
+DeviceKind target_device_kind(const char* target) {
+  if (std::strcmp(target, "opencl") == 0) return DeviceKind::opencl;
+  if (std::strcmp(target, "cuda") == 0) return DeviceKind::cuda;
+  return DeviceKind::cpu;
 }
 
 std::string cpu_target() {

@@ -331,7 +331,9 @@ int run_bench(bool json, const std::string& filter, int repeats) {
 // Two logical CPU devices of one core each: when the process was started without them, it starts
 // itself again with OPFORGE_CPU_DEVICES="0;1" (devices are fixed at start-up).
 int run_scheduler_bench(bool json, int repeats, char** argv) {
-  if (device_stats().size() < 2) {
+  int cpus = 0;
+  for (const DeviceStats& s : device_stats()) cpus += s.device.kind == DeviceKind::cpu;
+  if (cpus < 2) {
     OPFORGE_CHECK(!std::getenv("OPFORGE_CPU_DEVICES"))
         << "bench --scheduler needs two logical CPU devices, but OPFORGE_CPU_DEVICES='"
         << std::getenv("OPFORGE_CPU_DEVICES") << "' makes fewer";

@@ -55,6 +55,30 @@ inline Expr safe_log(const Expr& x) {
   Expr nan = Halide::cast(x.type(), NAN);
   return special(x, select(x < 0, nan, x == 0, -inf_of(x), Halide::log(x)), inf_of(x), nan);
 }
+// float32 expm1 and log1p without the C library, whose names (expm1f, log1pf) OpenCL C lacks;
+// float64 calls the C library's, which OpenCL C also has under the same name.
+inline Expr expm1_any(const Expr& x) {
+  if (x.type() != Halide::Float(32)) return libm("expm1", x);
+  // Kahan: with u = exp(x) rounded, (u - 1) * x / log(u) cancels the rounding error of u.
+  Expr u = safe_exp(x), um1 = u - 1, minus_one = Halide::cast(x.type(), -1);
+  Expr v = select(u == 1, x, um1 == -1, minus_one, u == inf_of(x), u, um1 * x / Halide::log(u));
+  return special(x, v, inf_of(x), minus_one);
+}
+inline Expr log1p_any(const Expr& x) {
+  if (x.type() != Halide::Float(32)) return libm("log1p", x);
+  // Goldberg: log(u) * x / (u - 1) with u = 1 + x rounded.
+  Expr u = 1 + x, nan = Halide::cast(x.type(), NAN);
+  Expr v = select(u == 1, x, Halide::log(u) * x / (u - 1));
+  return special(x, select(x < -1, nan, x == -1, -inf_of(x), v), inf_of(x), nan);
+}
+// Round half to even (NumPy, IEEE rint), spelled out: Halide 14's OpenCL backend emits OpenCL's
+// round(), which rounds halves away from zero. Zero keeps the input's sign.
+inline Expr round_half_even(const Expr& x) {
+  Expr f = Halide::floor(x), d = x - f, half = Halide::cast(x.type(), Expr(0.5));
+  Expr odd = f - 2 * Halide::floor(f * half) != 0;
+  Expr r = select(d > half || (d == half && odd), f + 1, f);
+  return select(r == 0, x * 0, r);
+}
 // Halide 14 compares floats as unordered-or-equal (NaN == x is true) even with strict_float;
 // IEEE says a NaN equals nothing.
 inline Expr ieee_eq(const EwArgs& a) {
@@ -69,8 +93,8 @@ inline const auto elementwise_ops = hana::make_tuple(
     unary("abs", numeric, [](const EwArgs& a) { return select(a[0] < 0, -a[0], a[0]); }),
     unary("exp", floats, [](const EwArgs& a) { return detail::safe_exp(a[0]); }),
     unary("log", floats, [](const EwArgs& a) { return detail::safe_log(a[0]); }),
-    unary("log1p", floats, [](const EwArgs& a) { return libm("log1p", a[0]); }),
-    unary("expm1", floats, [](const EwArgs& a) { return libm("expm1", a[0]); }),
+    unary("log1p", floats, [](const EwArgs& a) { return detail::log1p_any(a[0]); }),
+    unary("expm1", floats, [](const EwArgs& a) { return detail::expm1_any(a[0]); }),
     unary("sqrt", floats, [](const EwArgs& a) { return Halide::sqrt(a[0]); }),
     unary("rsqrt", floats, [](const EwArgs& a) { return 1 / Halide::sqrt(a[0]); }),
     unary("reciprocal", floats, [](const EwArgs& a) { return 1 / a[0]; }),
@@ -89,7 +113,7 @@ inline const auto elementwise_ops = hana::make_tuple(
                [](const EwArgs& a) { return select(a[0] < 0, a[0] * a.attr["alpha"], a[0]); }),
     unary_attr("elu", floats, "alpha",
                [](const EwArgs& a) {
-                 return select(a[0] < 0, a.attr["alpha"] * libm("expm1", a[0]), a[0]);
+                 return select(a[0] < 0, a.attr["alpha"] * detail::expm1_any(a[0]), a[0]);
                }),
     unary("gelu", floats,
           [](const EwArgs& a) {
@@ -99,13 +123,13 @@ inline const auto elementwise_ops = hana::make_tuple(
     unary("softplus", floats,
           [](const EwArgs& a) {
             return select(a[0] > 0, a[0], Halide::cast(a.type, 0)) +
-                   libm("log1p", detail::safe_exp(-Halide::abs(a[0])));
+                   detail::log1p_any(detail::safe_exp(-Halide::abs(a[0])));
           }),
     unary("erf", floats,
           [](const EwArgs& a) { return detail::special(a[0], detail::erf_any(a[0]), 1, -1); }),
     unary("floor", floats, [](const EwArgs& a) { return Halide::floor(a[0]); }),
     unary("ceil", floats, [](const EwArgs& a) { return Halide::ceil(a[0]); }),
-    unary("round", floats, [](const EwArgs& a) { return Halide::round(a[0]); }),
+    unary("round", floats, [](const EwArgs& a) { return detail::round_half_even(a[0]); }),
     unary("sign", numeric,
           [](const EwArgs& a) {
             Expr zero = Halide::cast(a.type, 0), one = Halide::cast(a.type, 1);

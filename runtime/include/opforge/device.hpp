@@ -28,6 +28,9 @@ struct DeviceInfo {
   std::string name;       // model or platform name
   uint64_t total_memory;  // bytes
   int cores = 0;          // CPU devices: how many cores it runs on
+  // An OpenCL device that runs on the host's cores (PoCL): automatic placement leaves it out, as
+  // it competes with the CPU devices for the same cores; calls pinned to it run there.
+  bool shares_cpu_cores = false;
 };
 // Every device found at start-up, the CPU first.
 const std::vector<DeviceInfo>& devices();
@@ -73,6 +76,7 @@ struct DeviceStats {
   int64_t tasks = 0;               // logical CPU devices: parallel-loop iterations run by its pool
   int64_t foreign_core_tasks = 0;  // of those, run on a core outside the device (should be 0)
   double busy_seconds = 0;         // time its threads spent running kernels
+  uint64_t device_bytes = 0;       // GPU devices: memory held by the calls running there
 };
 std::vector<DeviceStats> device_stats();
 

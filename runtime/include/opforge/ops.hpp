@@ -23,13 +23,14 @@ Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, 
 
 // ---- elementwise ----
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                                \
-  X(neg)                                                                                    \
-  X(abs)                                                                                    \
-  X(exp)                                                                                    \
-  X(log)                                                                                    \
-  X(log1p) X(expm1) X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) \
-      X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
+#define OPFORGE_UNARY_OPS(X)                                                               \
+  X(neg)                                                                                   \
+  X(abs)                                                                                   \
+  X(exp)                                                                                   \
+  X(log)                                                                                   \
+  X(log1p)                                                                                 \
+  X(expm1) X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) \
+      X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) Tensor name(const Tensor& x);
 OPFORGE_UNARY_OPS(OPFORGE_DECLARE_UNARY)
 #undef OPFORGE_DECLARE_UNARY

@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "opforge/device.hpp"
 #include "opforge/kernel_abi.hpp"
 
 namespace opforge {
 
 struct VariantInfo {
   std::string name;
-  const KernelVariant* kernel;  // at the best target this CPU supports
+  const KernelVariant* kernel;        // CPU variants: at the best target this CPU supports
+  DeviceKind kind = DeviceKind::cpu;  // the kind of device it runs on
   int num_extents = 0;
   bool has_minimum() const;
 };
@@ -26,6 +28,8 @@ struct KernelGroup {
   DType in_dtype, out_dtype;
   std::vector<VariantInfo> variants;
   uint32_t id = 0;  // dense index, for the performance model's keys
+  // Bit i set: variant i runs on that device kind (indexed by DeviceKind).
+  uint32_t kind_mask[3] = {0, 0, 0};
 };
 
 struct OpInfo {
@@ -47,5 +51,7 @@ std::vector<const OpInfo*> all_ops();
 
 // The CPU feature level the kernels were selected for ("avx512", "avx2" or "sse41").
 std::string cpu_target();
+// The device kind a kernel target runs on: "opencl", "cuda", else (x86 feature levels) the CPU.
+DeviceKind target_device_kind(const char* target);
 
 }  // namespace opforge

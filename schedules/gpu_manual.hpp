@@ -1,0 +1,49 @@
+// Hand-written GPU schedules (OpenCL, CUDA), one per family: the output is tiled over GPU blocks
+// and threads; reductions and accumulations run serially inside each thread. Every schedule guards
+// its tails, so none has a minimum call size.
+#pragma once
+#include <vector>
+
+#include "generators/pipelines.hpp"
+
+namespace opforge::schedules {
+
+// All pure dims fused into one and split over blocks of `threads` threads.
+inline void gpu_flat(gen::Pipeline& p, int threads) {
+  std::vector<Halide::Var>& x = p.vars;
+  Halide::Var f("f"), b("b"), t("t");
+  if (x.size() == 1) {
+    p.out.gpu_tile(x[0], b, t, threads, Halide::TailStrategy::GuardWithIf);
+    return;
+  }
+  p.out.fuse(x[0], x[1], f);
+  for (size_t d = 2; d < x.size(); d++) p.out.fuse(f, x[d], f);
+  p.out.gpu_tile(f, b, t, threads, Halide::TailStrategy::GuardWithIf);
+}
+
+// Two dims in 16x16 thread tiles, the remaining dims fused into the second block dimension.
+inline void gpu_tile_2d(gen::Pipeline& p) {
+  std::vector<Halide::Var>& x = p.vars;
+  Halide::Var xo("xo"), yo("yo"), xi("xi"), yi("yi");
+  p.out.tile(x[0], x[1], xo, yo, xi, yi, 16, 16, Halide::TailStrategy::GuardWithIf);
+  for (size_t d = 2; d < x.size(); d++) p.out.fuse(yo, x[d], yo);
+  p.out.gpu_blocks(xo, yo).gpu_threads(xi, yi);
+  if (p.acc.defined()) p.acc.compute_at(p.out, xi);
+}
+
+inline std::vector<int64_t> schedule_gpu(gen::Pipeline& p) {
+  switch (p.family) {
+    case dsl::Family::elementwise:
+    case dsl::Family::movement:
+    case dsl::Family::reduction:
+      gpu_flat(p, 128);
+      break;
+    case dsl::Family::contraction:
+    case dsl::Family::window:
+      gpu_tile_2d(p);
+      break;
+  }
+  return {};
+}
+
+}  // namespace opforge::schedules
