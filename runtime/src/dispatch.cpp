@@ -128,6 +128,10 @@ struct State {
       if (info.shares_cpu_cores) d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
       devices.push_back(std::move(d));
     }
+    // GPU calls allocate device buffers per call: Halide's allocation cache makes that cheap, and
+    // on an out-of-memory error it flushes the cache and retries before failing.
+    if (devices.size() > pools.size() + (pools.empty() ? 1 : 0))
+      halide_reuse_device_allocations(nullptr, true);
     // Queued calls hold tensors and kernels: let them finish before the process tears down.
     std::atexit([] { synchronize_quietly(); });
   }
