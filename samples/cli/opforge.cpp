@@ -100,6 +100,11 @@ std::vector<DeviceRow> device_rows() {
   return rows;
 }
 
+// "cpu" for the x86 feature levels, else the GPU API the kernel targets ("opencl", "cuda").
+std::string device_kind_name(const std::string& target) {
+  return target_device_kind(target.c_str()) == DeviceKind::cpu ? "cpu" : target;
+}
+
 struct VariantRow {
   std::string name, target;
   std::vector<int64_t> min_extents;  // in the op family's call extents; 0 = no minimum
@@ -147,7 +152,7 @@ Json info_json() {
     Json variants = Json::array();
     for (const VariantRow& v : op_variants(*op)) {
       variants.push_back({{"name", v.name},
-                          {"device_kind", "cpu"},
+                          {"device_kind", device_kind_name(v.target)},
                           {"target", v.target},
                           {"min_extents", v.min_extents}});
     }
