@@ -189,6 +189,59 @@ TEST_F(DispatchTest, FailingKernelBecomesAnError) {
   EXPECT_THROW(dispatch(g, e, nullptr), Error);
 }
 
+int good_kernel(void**) {
+  fake_now += 1e-3;
+  return 0;
+}
+const KernelVariant kFlaky[] = {
+    {"test_flaky",
+     "elementwise",
+     "float32",
+     DType::Float32,
+     DType::Float32,
+     1,
+     "",
+     0,
+     "good",
+     "sse41",
+     &good_kernel,
+     nullptr,
+     {0, 0, 0, 0, 0, 0}},
+    {"test_flaky",
+     "elementwise",
+     "float32",
+     DType::Float32,
+     DType::Float32,
+     1,
+     "",
+     0,
+     "bad",
+     "sse41",
+     &failing_kernel,
+     nullptr,
+     {0, 0, 0, 0, 0, 0}},
+};
+
+// A variant whose kernel fails is timed out of the bucket (its calibration runs count as done),
+// rather than leaving the bucket's calibration unfinished forever.
+TEST_F(DispatchTest, AFailingVariantEndsItsCalibrationAndIsNotChosen) {
+  static bool registered = (register_kernels(kFlaky, std::size(kFlaky)), true);
+  (void)registered;
+  const KernelGroup& g = op_info("test_flaky").group("float32");
+  CallExtents e;
+  e.n = 1;
+  e.e[0] = 4;
+  int failures = 0;
+  for (int i = 0; i < 30; i++) {
+    try {
+      dispatch(g, e, nullptr);
+    } catch (const Error&) {
+      failures++;
+    }
+  }
+  EXPECT_EQ(failures, 3);  // its calibration runs, then never again
+}
+
 TEST_F(DispatchTest, StatsCountCallsPerVariant) {
   for (int i = 0; i < 30; i++) call(4096);
   int64_t total = 0;

@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <future>
+
 namespace opforge::detail {
 
 void Event::complete(std::string error) {
@@ -29,20 +31,14 @@ bool Event::done() const {
 
 DeviceQueue::DeviceQueue(int id, std::vector<int> cores, size_t capacity)
     : id_(id), capacity_(capacity) {
-  std::mutex started_mu;
-  std::condition_variable started;
-  bool up = false;
-  thread_ = std::thread([&] {
-    {
-      std::lock_guard<std::mutex> lock(started_mu);
-      tid_ = int(syscall(SYS_gettid));
-      up = true;
-    }
-    started.notify_all();
+  // The worker reports its kernel thread id through a future the constructor owns until it is set.
+  std::promise<int> tid;
+  std::future<int> got = tid.get_future();
+  thread_ = std::thread([this, tid = std::move(tid)]() mutable {
+    tid.set_value(int(syscall(SYS_gettid)));
     worker();
   });
-  std::unique_lock<std::mutex> lock(started_mu);
-  started.wait(lock, [&] { return up; });
+  tid_ = got.get();
   if (!cores.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);

@@ -36,6 +36,13 @@ class Event {
 };
 using EventPtr = std::shared_ptr<Event>;
 
+// An event a call must wait for; carries_error: its failure fails the call too (the call reads
+// what it wrote). Ordering-only waits (a reader before a write, an overwritten result) do not.
+struct Dependency {
+  EventPtr event;
+  bool carries_error = false;
+};
+
 class DeviceQueue {
  public:
   // The worker is pinned to `cores` (all cores when empty). At most `capacity` calls wait in the

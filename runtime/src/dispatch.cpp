@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -29,6 +31,8 @@ std::mutex last_error_mu;
 std::string last_error;
 
 void halide_error_to_message(void*, const char* msg) {
+  // Worker threads never clear theirs: keep the latest message only.
+  if (halide_error_message.size() > 4096) halide_error_message.clear();
   halide_error_message += msg;
   std::lock_guard<std::mutex> lock(last_error_mu);
   last_error = msg;
@@ -85,6 +89,7 @@ struct State {
   DevicePolicy device_policy = initial_device_policy();
   std::atomic<uint64_t> round_robin{0};
   bool log = log_enabled("dispatch");
+  std::mutex submit_mu;  // see launch()
   std::mutex error_mu;
   std::string queued_error;  // first error of a queued call since synchronize()
   std::vector<std::unique_ptr<ExecDevice>> devices;
@@ -258,7 +263,7 @@ void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, 
 // results it reads or overwrites: on another device, their predicted end delays its start.
 Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
                 const std::vector<int>& devs, Clock& clock,
-                const std::vector<detail::EventPtr>& deps = {}) {
+                const std::vector<detail::Dependency>& deps = {}) {
   thread_local std::vector<Scheduler::Candidate> cands;
   thread_local std::vector<double> inputs_ready;
   thread_local std::string forced;
@@ -295,7 +300,8 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   double now = cands.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
   inputs_ready.clear();
   if (cands.size() > 1)
-    for (const auto& e : deps) {
+    for (const auto& dep : deps) {
+      const detail::EventPtr& e = dep.event;
       if (e->done()) continue;
       inputs_ready.resize(s.devices.size());
       for (int d : devs)
@@ -366,9 +372,28 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
   return err;
 }
 
+// Waits for a call's dependencies; returns the failure it inherits (empty: none).
+std::string wait_for(const KernelGroup& g, const std::vector<detail::Dependency>& deps) {
+  std::string err;
+  for (const auto& dep : deps) {
+    const std::string& e = dep.event->wait();
+    if (dep.carries_error && !e.empty() && err.empty())
+      err = g.op->name + ": an input was not computed: " + e;
+  }
+  return err;
+}
+
+// A failed call: a calibration run counts as done and its variant as never fastest, so that the
+// bucket's calibration completes; queue bookkeeping ends.
+void record_failure(State& s, const KernelGroup& g, Decision d, bool enqueued) {
+  d.timed = d.calibrating;
+  s.sched.finished(d, std::numeric_limits<double>::infinity(), enqueued);
+}
+
 void record_time(State& s, const KernelGroup& g, const Decision& d, double seconds, bool enqueued) {
   if (!d.timed && !enqueued) return;
   s.sched.finished(d, seconds, enqueued);
+  if (!std::isfinite(seconds)) return;
   if (!d.timed) return;
   std::lock_guard<std::mutex> lock(s.mu);
   CallStats& c = s.calls[stats_key(g, d.variant, d.device)];
@@ -490,7 +515,10 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->pool;
   double seconds = 0;
   std::string err = run_kernel(s, g, d, args, clock, seconds);
-  if (!err.empty()) throw Error(err);
+  if (!err.empty()) {
+    record_failure(s, g, d, false);
+    throw Error(err);
+  }
   record_time(s, g, d, seconds, false);
 }
 
@@ -498,7 +526,7 @@ namespace detail {
 
 void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   State& s = state();
-  thread_local std::vector<EventPtr> deps;
+  thread_local std::vector<Dependency> deps;
   deps.clear();
   int last = args.num_buffers() - 1;
   for (int b = 0; b <= last; b++)
@@ -509,35 +537,39 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   args.set_context(dev.pool);
 
   if (!dev.queue) {
-    for (const auto& e : deps)
-      if (const std::string& err = e->wait(); !err.empty()) throw Error(err);
+    std::string err = wait_for(g, deps);
     deps.clear();  // no event outlives the call in this thread's scratch
     double seconds = 0;
-    std::string err = run_kernel(s, g, d, args.argv(), clock, seconds);
-    if (!err.empty()) throw Error(err);
+    if (err.empty()) err = run_kernel(s, g, d, args.argv(), clock, seconds);
+    if (!err.empty()) {
+      record_failure(s, g, d, false);
+      throw Error(err);
+    }
+    if (const auto& out = args.storage(last)) out->written_in_place();
     record_time(s, g, d, seconds, false);
     return;
   }
 
-  // Asynchronous: every queued call is timed (the queue model needs its duration anyway).
-  d.timed = true;
+  // Asynchronous. Taking the dependencies, submitting and recording the call's event happen under
+  // one lock: a call that recorded its event before being queued could otherwise be waited for by
+  // a call queued ahead of it on the same device.
+  std::lock_guard<std::mutex> submitting(s.submit_mu);
+  deps.clear();
+  for (int b = 0; b <= last; b++)
+    if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
+  d.timed = true;  // every queued call is timed: the queue model needs its duration anyway
   double now = now_seconds(clock);
   auto done =
       std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.predicted);
-  for (int b = 0; b <= last; b++)
-    if (const auto& st = args.storage(b)) st->record(done, b == last);
+  std::vector<std::shared_ptr<Storage>> touched;
+  for (int b = 0; b <= last; b++) touched.push_back(args.storage(b));
   s.sched.enqueued(d);
   dev.queue->submit([&s, &g, d, clock, args = std::move(args), deps = std::move(deps),
                      done]() mutable {
-    std::string err;
-    for (const auto& e : deps)
-      if (const std::string& dep_err = e->wait(); !dep_err.empty()) {
-        err = g.op->name + ": an input was not computed: " + dep_err;
-        break;
-      }
+    s.sched.started(d, now_seconds(clock));
+    std::string err = wait_for(g, deps);
     double seconds = 0;
     if (err.empty()) {
-      s.sched.started(d, now_seconds(clock));
       auto t0 = std::chrono::steady_clock::now();
       s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
       err = run_queued(s, g, d, args, clock, seconds);
@@ -546,15 +578,18 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
                                                   std::chrono::steady_clock::now() - t0)
                                                   .count();
     }
-    Decision timed = d;
-    timed.timed = err.empty();
-    record_time(s, g, timed, seconds, true);
-    if (!err.empty()) {
+    if (err.empty()) {
+      record_time(s, g, d, seconds, true);
+    } else {
+      record_failure(s, g, d, true);
       std::lock_guard<std::mutex> lock(s.error_mu);
       if (s.queued_error.empty()) s.queued_error = err;
     }
     done->complete(err);
   });
+  // Recorded once queued (and still under the lock): a failed submit leaves no event behind.
+  for (int b = 0; b <= last; b++)
+    if (touched[size_t(b)]) touched[size_t(b)]->record(done, b == last);
 }
 
 }  // namespace detail

@@ -93,13 +93,21 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
   return s;
 }
 
-void Storage::dependencies(std::vector<detail::EventPtr>& deps, bool write) const {
+void Storage::dependencies(std::vector<detail::Dependency>& deps, bool write) const {
   if (!tracked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (writer_) deps.push_back(writer_);  // even when done: a failed writer fails its readers
+  // A reader inherits the writer's failure even when that is done; an overwrite only waits.
+  if (writer_ && (!write || !writer_->done())) deps.push_back({writer_, !write});
   if (write)
     for (const auto& r : readers_)
-      if (!r->done()) deps.push_back(r);
+      if (!r->done()) deps.push_back({r, false});
+}
+
+void Storage::written_in_place() {
+  if (!tracked_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  writer_.reset();
+  readers_.clear();
 }
 
 void Storage::record(const detail::EventPtr& ev, bool write) {
@@ -116,15 +124,16 @@ void Storage::record(const detail::EventPtr& ev, bool write) {
 
 void Storage::sync() const {
   if (!tracked_.load(std::memory_order_acquire)) return;
-  std::vector<detail::EventPtr> pending;
+  detail::EventPtr writer;
+  std::vector<detail::EventPtr> readers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!writer_ && readers_.empty()) return;
-    if (writer_) pending.push_back(writer_);
-    pending.insert(pending.end(), readers_.begin(), readers_.end());
+    writer = writer_;
+    readers = readers_;
   }
-  for (const auto& e : pending)
-    if (const std::string& err = e->wait(); !err.empty()) throw Error(err);
+  for (const auto& r : readers) r->wait();  // the host may write next: readers must be done
+  if (writer)
+    if (const std::string& err = writer->wait(); !err.empty()) throw Error(err);
 }
 
 void release_cached_memory() { cache().release_all(); }

@@ -21,12 +21,14 @@ struct Storage {
 
   // ---- ordering of asynchronous work (device_queue.hpp) ----
   // Adds to `deps` the events a call must wait for before it reads (or writes) this memory: the
-  // last writer, and for a write also the readers since.
-  void dependencies(std::vector<detail::EventPtr>& deps, bool write) const;
+  // last writer (whose failure a read inherits), and for a write also the readers since.
+  void dependencies(std::vector<detail::Dependency>& deps, bool write) const;
   // Records a submitted call's event as the last writer or as one more reader.
   void record(const detail::EventPtr& ev, bool write);
+  // A call on the caller's thread has overwritten this memory: earlier events no longer matter.
+  void written_in_place();
   // Waits for every pending call that uses this memory (before the host reads or writes it);
-  // throws the Error of a failed one.
+  // throws the Error of the call that last wrote it, if that failed.
   void sync() const;
 
  private:

@@ -196,7 +196,11 @@ void print_info_text(std::ostream& os) {
       cells.push_back(cell);
     }
     for (const auto& [key, group] : op->groups) kernels += group.variants.size();
-    op_table.add({op->name, op->family, join(op->dtype_keys(), ","), join(cells, ", ")});
+    // cast has one kernel group per (from, to) pair: listing them all would widen every row.
+    std::vector<std::string> keys = op->dtype_keys();
+    std::string dtypes =
+        keys.size() > 6 ? std::to_string(keys.size()) + " dtype pairs (--json)" : join(keys, ",");
+    op_table.add({op->name, op->family, dtypes, join(cells, ", ")});
   }
   op_table.print(os);
   os << '\n' << ops.size() << " ops, " << kernels << " kernels\n";
