@@ -193,34 +193,12 @@ int good_kernel(void**) {
   fake_now += 1e-3;
   return 0;
 }
-const KernelVariant kFlaky[] = {
-    {"test_flaky",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "good",
-     "sse41",
-     &good_kernel,
-     nullptr,
-     {0, 0, 0, 0, 0, 0}},
-    {"test_flaky",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "bad",
-     "sse41",
-     &failing_kernel,
-     nullptr,
-     {0, 0, 0, 0, 0, 0}},
-};
+// A float32 elementwise test kernel without minimum extents.
+constexpr KernelVariant flaky(const char* variant, int (*fn)(void**)) {
+  return {"test_flaky", "elementwise", "float32", DType::Float32, DType::Float32,    1, "", 0,
+          variant,      "sse41",       fn,        nullptr,        {0, 0, 0, 0, 0, 0}};
+}
+const KernelVariant kFlaky[] = {flaky("good", &good_kernel), flaky("bad", &failing_kernel)};
 
 // A variant whose kernel fails is timed out of the bucket (its calibration runs count as done),
 // rather than leaving the bucket's calibration unfinished forever.
