@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "generators/pipelines.hpp"
 #include "schedules/cpu_manual.hpp"
@@ -31,6 +32,7 @@ struct Options {
   std::string linker = "ld";  // joins the GPU pipelines' objects (see below)
   std::string only_variants;  // comma list; empty = all
   bool static_init = false;
+  bool cuda = false;  // also compile for CUDA
 };
 
 // One (op, dtype) of the requested family, built anew for each variant and target because a
@@ -95,6 +97,20 @@ const std::string& plugin_path(const Options& opt, schedules::Scheduler s) {
   }
 }
 
+// PTX that calls a function libdevice does not define (the C library's expm1, erf, ... that the DSL
+// calls for float64) cannot be loaded by the driver. Returns that declaration, empty if none.
+std::string unresolved_ptx_call(const Halide::Module& m, const Halide::Target& t) {
+  if (!t.has_feature(Halide::Target::CUDA)) return {};
+  for (const auto& b : m.buffers()) {
+    std::string_view text(reinterpret_cast<const char*>(b.data()), b.size_in_bytes());
+    auto at = text.find(".extern .func");
+    if (at == std::string_view::npos) continue;
+    auto end = text.find('\n', at);
+    return std::string(text.substr(at, end == std::string_view::npos ? end : end - at));
+  }
+  return {};
+}
+
 struct Emitted {
   std::string fn, op, dtype_key, variant, target;
   Pipeline meta;
@@ -128,7 +144,7 @@ int run(const Options& opt) {
   std::vector<TargetVariants> jobs;
   for (const auto& t : schedules::cpu_targets())
     jobs.push_back({t, schedules::variants_for(family)});
-  for (const auto& t : schedules::gpu_targets())
+  for (const auto& t : schedules::gpu_targets(opt.cuda))
     jobs.push_back({t, schedules::gpu_variants_for(family)});
   for (const auto& [target, variants] : jobs) {
     Halide::Target t(target.halide + (schedules::strict_float(family) ? "-strict_float" : ""));
@@ -171,6 +187,13 @@ int run(const Options& opt) {
           // that fails is a bug.
           if (manual) throw;
           fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
+          continue;
+        }
+        if (std::string missing = unresolved_ptx_call(m, t); !missing.empty()) {
+          fprintf(stderr,
+                  "opforge-kc: variant %s left out: its PTX calls a C library function the "
+                  "CUDA driver cannot resolve (%s)\n",
+                  fn.c_str(), missing.c_str());
           continue;
         }
         if (gpu) {
@@ -266,9 +289,13 @@ int main(int argc, char** argv) {
       opt.only_variants = next();
     else if (a == "--static-init")
       opt.static_init = true;
+    else if (a == "--cuda")
+      opt.cuda = true;
     else if (a == "--runtime") {
       // The one Halide runtime every kernel library shares.
-      Halide::compile_standalone_runtime(next(), Halide::Target(schedules::kRuntimeTarget));
+      std::string object = next();
+      bool cuda = i + 1 < argc && std::string(argv[i + 1]) == "--cuda";
+      Halide::compile_standalone_runtime(object, Halide::Target(schedules::runtime_target(cuda)));
       return 0;
     } else {
       std::cerr << "opforge-kc: unknown argument '" << a << "'\n"

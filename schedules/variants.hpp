@@ -74,13 +74,21 @@ inline std::vector<CpuTarget> cpu_targets() {
 // GPU targets: host code for the baseline x86 level, device code for the GPU API. `cl_doubles`
 // lets float64 kernels run on OpenCL devices that support doubles and `cl_atomics64` int64
 // reductions that Li2018 schedules with atomics (PoCL supports both).
-inline std::vector<CpuTarget> gpu_targets() {
-  return {{"opencl", "x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context-no_runtime"}};
+// CUDA: PTX for compute capability 7.0, which the driver compiles for any newer GPU. Halide emits
+// the PTX itself and the runtime loads libcuda when first used, so building needs no GPU.
+inline std::vector<CpuTarget> gpu_targets(bool cuda) {
+  std::vector<CpuTarget> t = {
+      {"opencl", "x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context-no_runtime"}};
+  if (cuda)
+    t.push_back({"cuda", "x86-64-linux-sse41-cuda-cuda_capability_70-user_context-no_runtime"});
+  return t;
 }
 
 // The union of every target's features: the one shared runtime must hold each device API.
-inline const char* kRuntimeTarget =
-    "x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context";
+inline std::string runtime_target(bool cuda) {
+  return std::string("x86-64-linux-sse41-opencl-cl_doubles-cl_atomics64-user_context") +
+         (cuda ? "-cuda-cuda_capability_70" : "");
+}
 
 // IEEE semantics (NaN and Inf propagate, no fast-math folding of NaN checks) for the families whose
 // results users compare against NumPy at special values. Contraction and window kernels keep

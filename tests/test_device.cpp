@@ -1,6 +1,7 @@
 // The device API: discovery, queries, bad device names, and default-device scopes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -120,7 +121,10 @@ TEST(Device, OpenClDevicesReportMemoryAndUtilization) {
 
 TEST(Device, FunctionSupportedDevices) {
   // The kinds of device the build has kernels for, whether or not this machine has one.
-  EXPECT_EQ(function_supported_devices("add"), std::vector<std::string>({"cpu", "opencl"}));
+  std::vector<std::string> kinds = function_supported_devices("add");
+  ASSERT_GE(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0], "cpu");
+  EXPECT_NE(std::find(kinds.begin(), kinds.end(), "opencl"), kinds.end());
   EXPECT_THROW(function_supported_devices("no_such_op"), Error);
 }
 

@@ -438,9 +438,14 @@ TEST(Variants, EveryRegisteredOpHasAVariantTest) {
 
 struct VariantParam {
   std::string op, dtype_key, variant;
+  opforge::DeviceKind kind = opforge::DeviceKind::cpu;
+  // "" for CPU variants, else the GPU API: GPU variants share names across APIs ("gpu", "li2018").
+  std::string api() const {
+    return kind == opforge::DeviceKind::cpu ? "" : opforge::Device{kind, 0}.str();
+  }
 };
 void PrintTo(const VariantParam& p, std::ostream* os) {
-  *os << p.op << "/" << p.dtype_key << "/" << p.variant;
+  *os << p.op << "/" << p.dtype_key << "/" << p.variant << (p.api().empty() ? "" : "@") << p.api();
 }
 
 // CPU variants at every dtype. GPU variants at one dtype per op (float32 where the op has it):
@@ -454,13 +459,14 @@ std::vector<VariantParam> all_variant_params() {
     for (const auto& [key, g] : op->groups)
       for (const auto& v : g.variants)
         if (v.kind == opforge::DeviceKind::cpu || key == gpu_key)
-          out.push_back({op->name, key, v.name});
+          out.push_back({op->name, key, v.name, v.kind});
   }
   return out;
 }
 
 std::string param_name(const ::testing::TestParamInfo<VariantParam>& i) {
   std::string s = i.param.op + "_" + i.param.dtype_key + "_" + i.param.variant;
+  if (std::string api = i.param.api(); !api.empty()) s += "_" + api.substr(0, api.find(':'));
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return s;
@@ -472,8 +478,9 @@ TEST_P(VariantTest, MatchesReference) {
   const VariantParam& p = GetParam();
   const OpInfo& op = opforge::op_info(p.op);
   const KernelGroup& g = op.group(p.dtype_key);
-  auto it = std::find_if(g.variants.begin(), g.variants.end(),
-                         [&](const VariantInfo& v) { return v.name == p.variant; });
+  auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) {
+    return v.name == p.variant && v.kind == p.kind;
+  });
   ASSERT_NE(it, g.variants.end());
   ASSERT_NE(it->kernel, nullptr);
   if (!opforge::device_exists({it->kind, 0}))

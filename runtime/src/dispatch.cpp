@@ -126,6 +126,8 @@ struct State {
     for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
     for (const DeviceInfo& info : opforge::devices()) {
       if (info.device.kind == DeviceKind::cpu) continue;
+      // Halide's CUDA runtime runs on one GPU per process (halide_set_gpu_device): cuda:0.
+      if (info.device.kind == DeviceKind::cuda && info.device.index != 0) continue;
       auto d = std::make_unique<ExecDevice>();
       d->device = info.device;
       d->in_auto = !info.shares_cpu_cores;
@@ -158,12 +160,12 @@ double now_seconds(const Clock& clock) { return clock ? clock() : steady_seconds
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
-// Group (18 bits) | which variants accept these extents (10 bits) | log2 bucket of each extent
+// Group (16 bits) | which variants accept these extents (12 bits) | log2 bucket of each extent
 // (5 bits each). The acceptance mask is part of the key because a bucket spans extents on both
 // sides of a variant's minimum. The scheduler adds the device in the top 6 bits.
 uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
-  uint64_t key = uint64_t(g.id & 0x3FFFF) << 40;
-  for (size_t v = 0; v < g.variants.size() && v < 10; v++)
+  uint64_t key = uint64_t(g.id & 0xFFFF) << 42;
+  for (size_t v = 0; v < g.variants.size() && v < 12; v++)
     if (variant_accepts(g.variants[v], ext)) key |= uint64_t(1) << (30 + v);
   for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;

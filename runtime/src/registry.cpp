@@ -97,9 +97,11 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       return v.name == k.variant && v.kind == kind;
     });
     if (it == g.variants.end()) {
-      // The dispatcher's bucket key holds which variants accept a call in 10 bits.
-      OPFORGE_CHECK(g.variants.size() < 10)
-          << k.op << " (" << k.dtype_key << "): more than 10 kernel variants";
+      // The dispatcher's bucket key holds which variants accept a call in 12 bits, and the group in
+      // 16.
+      OPFORGE_CHECK(g.variants.size() < 12)
+          << k.op << " (" << k.dtype_key << "): more than 12 kernel variants";
+      OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       VariantInfo v;
       v.name = k.variant;
       v.kernel = &k;
