@@ -22,59 +22,18 @@ int fake_kernel(void**) {
 }
 int failing_kernel(void**) { return -1; }
 
+// A float32 elementwise test kernel; min0: its minimum innermost extent.
+constexpr KernelVariant fake_variant(const char* op, const char* variant, int (*fn)(void**),
+                                     int64_t min0 = 0) {
+  return {op,      "elementwise", "float32", DType::Float32, DType::Float32,       1, "", 0,
+          variant, "sse41",       fn,        nullptr,        {min0, 0, 0, 0, 0, 0}};
+}
+
 const KernelVariant kFake[] = {
-    {"test_fake",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "fast_small",
-     "sse41",
-     &fake_kernel<0>,
-     nullptr,
-     {0, 0, 0, 0, 0, 0}},
-    {"test_fake",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "fast_large",
-     "sse41",
-     &fake_kernel<1>,
-     nullptr,
-     {1000, 0, 0, 0, 0, 0}},
-    {"test_fake",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "manual",
-     "sse41",
-     &fake_kernel<2>,
-     nullptr,
-     {0, 0, 0, 0, 0, 0}},
-    {"test_failing",
-     "elementwise",
-     "float32",
-     DType::Float32,
-     DType::Float32,
-     1,
-     "",
-     0,
-     "manual",
-     "sse41",
-     &failing_kernel,
-     nullptr,
-     {0, 0, 0, 0, 0, 0}},
+    fake_variant("test_fake", "fast_small", &fake_kernel<0>),
+    fake_variant("test_fake", "fast_large", &fake_kernel<1>, 1000),
+    fake_variant("test_fake", "manual", &fake_kernel<2>),
+    fake_variant("test_failing", "manual", &failing_kernel),
 };
 
 class DispatchTest : public ::testing::Test {
@@ -193,12 +152,8 @@ int good_kernel(void**) {
   fake_now += 1e-3;
   return 0;
 }
-// A float32 elementwise test kernel without minimum extents.
-constexpr KernelVariant flaky(const char* variant, int (*fn)(void**)) {
-  return {"test_flaky", "elementwise", "float32", DType::Float32, DType::Float32,    1, "", 0,
-          variant,      "sse41",       fn,        nullptr,        {0, 0, 0, 0, 0, 0}};
-}
-const KernelVariant kFlaky[] = {flaky("good", &good_kernel), flaky("bad", &failing_kernel)};
+const KernelVariant kFlaky[] = {fake_variant("test_flaky", "good", &good_kernel),
+                                fake_variant("test_flaky", "bad", &failing_kernel)};
 
 // A variant whose kernel fails is timed out of the bucket (its calibration runs count as done),
 // rather than leaving the bucket's calibration unfinished forever.

@@ -175,6 +175,7 @@ LoadMeter::Snapshot LoadMeter::take() const {
   s.time =
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   std::vector<int> tids = threads_ ? threads_() : std::vector<int>{};
+  s.per_thread = !tids.empty();
   if (tids.empty()) {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -213,8 +214,7 @@ double LoadMeter::sample(double period) {
   Snapshot cur = take();
   double wall = (cur.time - prev_.time) * double(cores_.size());
   double run = cur.run - prev_.run, wait = cur.wait - prev_.wait;
-  bool per_thread = threads_ && !threads_().empty();
-  if (per_thread && run > 0.2 * wall) {
+  if (cur.per_thread && run > 0.2 * wall) {
     factor_ = (run + wait) / run;
   } else if (cur.total > prev_.total) {
     double busy = double(cur.busy - prev_.busy) / double(cur.total - prev_.total);

@@ -57,6 +57,7 @@ class LoadMeter {
   struct Snapshot {
     double time = 0;
     double run = 0, wait = 0;      // seconds, of our threads
+    bool per_thread = false;       // run and wait are our device threads' (else the process's)
     uint64_t busy = 0, total = 0;  // ticks of the device's cores, all processes
   };
   Snapshot take() const;

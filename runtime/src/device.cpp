@@ -336,30 +336,23 @@ double percent_used_mem_on_dev(const Device& d, bool process_only) {
 
 double dev_util(const Device& d) {
   check_exists(d, "dev_util");
-  if (d.kind == DeviceKind::cpu && !detail::cpu_pools().empty()) {
-    // A logical device's utilization is its pool's busy time.
-    const auto& pool = *detail::cpu_pools()[size_t(d.index)];
-    double b0 = pool.busy_seconds();
-    auto t0 = std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return std::min(100.0,
-                    100.0 * (pool.busy_seconds() - b0) / (wall * double(pool.cores().size())));
-  }
-  if (d.kind == DeviceKind::cpu) {
-    CpuTimes a = cpu_times();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    CpuTimes b = cpu_times();
-    uint64_t total = b.total - a.total;
-    return total ? 100.0 * double(b.busy - a.busy) / double(total) : 0.0;
-  }
   if (d.kind == DeviceKind::cuda) {
     Nvml::Utilization u{};
     OPFORGE_CHECK(nvml().utilization(nvml().device(d.index), &u) == 0)
         << d.str() << ": NVML utilization query failed";
     return u.gpu;
   }
-  // OpenCL has no utilization query: the share of time its queue spent running calls.
+  const auto& pools = detail::cpu_pools();
+  if (d.kind == DeviceKind::cpu && pools.empty()) {
+    CpuTimes a = cpu_times();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CpuTimes b = cpu_times();
+    uint64_t total = b.total - a.total;
+    return total ? 100.0 * double(b.busy - a.busy) / double(total) : 0.0;
+  }
+  // A logical CPU device, or an OpenCL device (OpenCL has no utilization query): the share of time
+  // its threads (the pool's workers, the queue's worker) spent running calls.
+  double threads = d.kind == DeviceKind::cpu ? double(pools[size_t(d.index)]->cores().size()) : 1;
   auto busy = [&] {
     for (const auto& s : device_stats())
       if (s.device == d) return s.busy_seconds;
@@ -369,7 +362,7 @@ double dev_util(const Device& d) {
   auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return std::min(100.0, 100.0 * (busy() - b0) / wall);
+  return std::min(100.0, 100.0 * (busy() - b0) / (wall * threads));
 }
 
 Device default_device() {

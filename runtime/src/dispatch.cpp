@@ -86,7 +86,7 @@ struct State {
   Clock clock;
   std::string forced;
   std::atomic<bool> any_forced{false}, any_clock{false};  // lets calls skip the lock
-  DevicePolicy device_policy = initial_device_policy();
+  std::atomic<DevicePolicy> device_policy{initial_device_policy()};
   std::atomic<uint64_t> round_robin{0};
   bool log = log_enabled("dispatch");
   std::mutex submit_mu;  // see launch()
@@ -99,11 +99,11 @@ struct State {
     any_forced = !forced.empty();
     halide_set_error_handler(halide_error_to_message);
     const auto& pools = detail::cpu_pools();
+    std::vector<int> all_cores(static_cast<size_t>(num_cpu_cores(true)));
+    for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
     if (pools.empty()) {
       auto d = std::make_unique<ExecDevice>();
-      std::vector<int> all(static_cast<size_t>(num_cpu_cores(true)));
-      for (size_t i = 0; i < all.size(); i++) all[i] = int(i);
-      d->meter = std::make_unique<detail::LoadMeter>(all, nullptr);
+      d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
       devices.push_back(std::move(d));
     }
     for (size_t i = 0; i < pools.size(); i++) {
@@ -122,8 +122,6 @@ struct State {
     }
     // GPU devices: each has a queue; an OpenCL device on the host's cores (PoCL) also feels the
     // host's load.
-    std::vector<int> all_cores(static_cast<size_t>(num_cpu_cores(true)));
-    for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
     for (const DeviceInfo& info : opforge::devices()) {
       if (info.device.kind == DeviceKind::cpu) continue;
       // Halide's CUDA runtime runs on one GPU per process (halide_set_gpu_device): cuda:0.
@@ -163,10 +161,8 @@ int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x -
 // Group (16 bits) | which variants accept these extents (12 bits) | log2 bucket of each extent
 // (5 bits each). The acceptance mask is part of the key because a bucket spans extents on both
 // sides of a variant's minimum. The scheduler adds the device in the top 6 bits.
-uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
-  uint64_t key = uint64_t(g.id & 0xFFFF) << 42;
-  for (size_t v = 0; v < g.variants.size() && v < 12; v++)
-    if (variant_accepts(g.variants[v], ext)) key |= uint64_t(1) << (30 + v);
+uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext, uint32_t accepted) {
+  uint64_t key = (uint64_t(g.id & 0xFFFF) << 42) | (uint64_t(accepted & 0xFFF) << 30);
   for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;
 }
@@ -187,18 +183,26 @@ std::string extents_str(const CallExtents& ext) {
   return os.str();
 }
 
-// The variants that may run the call, as a bit mask: those the forced name selects and whose
-// minimum is met.
-uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext,
-                           const std::string& forced) {
-  // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
-  bool exact =
-      !forced.empty() && std::any_of(g.variants.begin(), g.variants.end(),
-                                     [&](const VariantInfo& v) { return v.name == forced; });
+// The variants whose declared minimum the call meets, as a bit mask.
+uint32_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
   uint32_t mask = 0;
-  for (size_t i = 0; i < g.variants.size() && i < 32; i++) {
-    bool named = exact ? g.variants[i].name == forced : matches_forced(g.variants[i].name, forced);
-    if (named && variant_accepts(g.variants[i], ext)) mask |= uint32_t(1) << i;
+  for (size_t i = 0; i < g.variants.size(); i++)
+    if (variant_accepts(g.variants[i], ext)) mask |= uint32_t(1) << i;
+  return mask;
+}
+
+// The variants that may run the call: the accepted ones the forced name selects.
+uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint32_t accepted,
+                           const std::string& forced) {
+  uint32_t mask = accepted;
+  if (!forced.empty()) {
+    // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
+    bool exact = std::any_of(g.variants.begin(), g.variants.end(),
+                             [&](const VariantInfo& v) { return v.name == forced; });
+    for (size_t i = 0; i < g.variants.size(); i++) {
+      const std::string& name = g.variants[i].name;
+      if (exact ? name != forced : !matches_forced(name, forced)) mask &= ~(uint32_t(1) << i);
+    }
   }
   if (mask == 0) {
     std::ostringstream os;
@@ -276,7 +280,8 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     forced = s.forced;
     clock = s.clock;
   }
-  uint32_t variants = eligible_variants(g, ext, forced);
+  uint32_t accepted = accept_mask(g, ext);
+  uint32_t variants = eligible_variants(g, ext, accepted, forced);
   cands.clear();
   for (int d : devs) {
     const ExecDevice& dev = *s.devices[size_t(d)];
@@ -310,7 +315,7 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
         if (d != e->queue())
           inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
     }
-  Decision d = s.sched.decide(bucket_key(g, ext), cands, {}, now, s.log, inputs_ready);
+  Decision d = s.sched.decide(bucket_key(g, ext, accepted), cands, {}, now, s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   std::lock_guard<std::mutex> lock(s.mu);
   if (g.id >= s.group_seen.size()) s.group_seen.resize(g.id + 1);
@@ -322,11 +327,9 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   return d;
 }
 
-// Calls the kernel on this thread; returns the error message (empty on success) and the time.
-std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args,
-                       const Clock& clock, double& seconds) {
+// Calls the kernel on this thread; returns the error message (empty on success).
+std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args) {
   const VariantInfo& v = g.variants[size_t(d.variant)];
-  double t0 = d.timed ? now_seconds(clock) : 0;
   halide_error_message.clear();
   int rc = v.kernel->argv(args);
   s.devices[size_t(d.device)]->calls++;
@@ -339,18 +342,31 @@ std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void**
     while (!msg.empty() && msg.back() == '\n') msg.pop_back();
     return g.op->name + " (" + g.dtype_key + ", variant " + v.name + "): kernel failed: " + msg;
   }
-  seconds = d.timed ? now_seconds(clock) - t0 : 0;
   return {};
+}
+
+// Runs the call on the caller's thread, timing it when the model asked for a timing.
+std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void** args,
+                       const Clock& clock, double& seconds) {
+  double t0 = d.timed ? now_seconds(clock) : 0;
+  std::string err = run_kernel(s, g, d, args);
+  seconds = d.timed ? now_seconds(clock) - t0 : 0;
+  return err;
 }
 
 // Runs a queued call on its device. GPU kernels get host-resident tensors: Halide copies the inputs
 // over (they are marked host-dirty), the output comes back to host memory, and the device copies
-// are freed; the measured time includes those transfers.
+// are freed; the measured time includes those transfers. Queued calls are always timed.
 std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail::KernelArgs& args,
                        const Clock& clock, double& seconds) {
   ExecDevice& dev = *s.devices[size_t(d.device)];
   void** argv = args.argv();
-  if (dev.device.kind == DeviceKind::cpu) return run_kernel(s, g, d, argv, clock, seconds);
+  double t0 = now_seconds(clock);
+  if (dev.device.kind == DeviceKind::cpu) {
+    std::string err = run_kernel(s, g, d, argv);
+    seconds = now_seconds(clock) - t0;
+    return err;
+  }
   int last = args.num_buffers() - 1;
   int64_t bytes = 0;
   for (int b = 0; b <= last; b++) {
@@ -359,8 +375,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
     bytes += int64_t(hb->size_in_bytes());
   }
   dev.device_bytes += bytes;
-  double t0 = now_seconds(clock);
-  std::string err = run_kernel(s, g, d, argv, clock, seconds);
+  std::string err = run_kernel(s, g, d, argv);
   if (err.empty()) {
     halide_error_message.clear();
     if (halide_copy_to_host(nullptr, args.halide_buffer(last)) != 0)
@@ -443,17 +458,9 @@ void reset_performance_model() {
   s.calls.clear();
 }
 
-void set_device_policy(DevicePolicy p) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.device_policy = p;
-}
+void set_device_policy(DevicePolicy p) { state().device_policy = p; }
 
-DevicePolicy device_policy() {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.device_policy;
-}
+DevicePolicy device_policy() { return state().device_policy; }
 
 std::vector<DispatchStat> dispatch_stats() {
   State& s = state();
@@ -516,7 +523,7 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   Decision d = choose(s, g, ext, devs, clock);
   if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->pool;
   double seconds = 0;
-  std::string err = run_kernel(s, g, d, args, clock, seconds);
+  std::string err = run_inline(s, g, d, args, clock, seconds);
   if (!err.empty()) {
     record_failure(s, g, d, false);
     throw Error(err);
@@ -542,7 +549,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     std::string err = wait_for(g, deps);
     deps.clear();  // no event outlives the call in this thread's scratch
     double seconds = 0;
-    if (err.empty()) err = run_kernel(s, g, d, args.argv(), clock, seconds);
+    if (err.empty()) err = run_inline(s, g, d, args.argv(), clock, seconds);
     if (!err.empty()) {
       record_failure(s, g, d, false);
       throw Error(err);

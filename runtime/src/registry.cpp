@@ -91,17 +91,17 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       g.dtype_key = k.dtype_key;
       g.in_dtype = k.in_dtype;
       g.out_dtype = k.out_dtype;
+      // The dispatcher's bucket key holds the group in 16 bits.
+      OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       g.id = r.next_group++;
     }
     auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) {
       return v.name == k.variant && v.kind == kind;
     });
     if (it == g.variants.end()) {
-      // The dispatcher's bucket key holds which variants accept a call in 12 bits, and the group in
-      // 16.
+      // The dispatcher's bucket key holds which variants accept a call in 12 bits.
       OPFORGE_CHECK(g.variants.size() < 12)
           << k.op << " (" << k.dtype_key << "): more than 12 kernel variants";
-      OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       VariantInfo v;
       v.name = k.variant;
       v.kernel = &k;

@@ -22,6 +22,7 @@
 #include "opforge/ops.hpp"
 #include "opforge/registry.hpp"
 #include "opforge/tensor.hpp"
+#include "timing.hpp"
 
 #ifdef OPFORGE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
@@ -32,18 +33,8 @@ namespace {
 
 using Fn = std::function<void()>;
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Stores into a buffer that nobody reads afterwards may otherwise be dropped by the optimiser.
 inline void keep_memory(const void* p) { asm volatile("" : : "g"(p) : "memory"); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 double time_batch(const Fn& fn, int64_t calls) {
   const double t0 = now_seconds();

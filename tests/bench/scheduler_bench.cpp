@@ -18,18 +18,10 @@
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/ops.hpp"
+#include "timing.hpp"
 
 namespace opforge::cli {
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Another process that keeps one core busy for its lifetime: the load the scheduler must notice.
 class ExternalLoad {
