@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "cpu_devices.hpp"
+#include "device_memory.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
 
@@ -112,6 +114,20 @@ const OpenCL& opencl() {
   static OpenCL o;
   return o;
 }
+}  // namespace
+
+size_t detail::opencl_offset_align(int index) {
+  const OpenCL& cl = opencl();
+  constexpr unsigned kBaseAddrAlign = 0x1019;  // in bits
+  unsigned bits = 0;
+  if (index < 0 || size_t(index) >= cl.ids.size() ||
+      cl.device_info(cl.ids[size_t(index)], kBaseAddrAlign, sizeof(bits), &bits, nullptr) != 0 ||
+      bits < 8)
+    return 4096;  // unknown: a page is a multiple of every alignment drivers report
+  return bits / 8;
+}
+
+namespace {
 
 std::string read_file(const char* path) {
   std::ifstream f(path);
@@ -320,15 +336,36 @@ uint64_t used_mem_on_dev(const Device& d, bool process_only) {
         if (procs[i].pid == unsigned(getpid())) mine += procs[i].used;
       return mine;
     }
-    case DeviceKind::opencl:
+    case DeviceKind::opencl: {
       // OpenCL has no query for a device's memory in use: what this process holds there is the
       // best answer, for both questions.
-      for (const auto& s : device_stats())
-        if (s.device == d) return s.device_bytes;
-      return 0;
+      const detail::DeviceMemory* mem = detail::device_memory(d);
+      return mem ? mem->reserved() : 0;
+    }
   }
   return 0;
 }
+
+namespace {
+detail::DeviceMemory& gpu_memory(const Device& d, const char* what) {
+  check_exists(d, what);
+  detail::DeviceMemory* mem = detail::device_memory(d);
+  OPFORGE_CHECK(mem) << what << ": " << d.str()
+                     << " holds no tensors (GPU memory is tracked on opencl:0 and cuda:0 in a "
+                        "build with their kernels; host memory: used_mem_on_dev)";
+  return *mem;
+}
+std::atomic<bool> soft_mode{false};
+}  // namespace
+
+uint64_t memory_allocated(const Device& d) { return gpu_memory(d, "memory_allocated").allocated(); }
+uint64_t memory_reserved(const Device& d) { return gpu_memory(d, "memory_reserved").reserved(); }
+void empty_cache(const Device& d) { gpu_memory(d, "empty_cache").empty_cache(); }
+void set_memory_fraction(const Device& d, double fraction) {
+  gpu_memory(d, "set_memory_fraction").set_fraction(fraction);
+}
+void set_soft_device_mode(bool on) { soft_mode = on; }
+bool soft_device_mode() { return soft_mode; }
 
 double percent_used_mem_on_dev(const Device& d, bool process_only) {
   return 100.0 * double(used_mem_on_dev(d, process_only)) / double(total_mem_on_dev(d));

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
 #include "cpu_devices.hpp"
+#include "device_memory.hpp"
 #include "device_queue.hpp"
 #include "kernel_call.hpp"
 #include "opforge/error.hpp"
@@ -38,6 +40,26 @@ void halide_error_to_message(void*, const char* msg) {
   last_error = msg;
 }
 
+void install_halide_error_handler() {
+  static const bool installed = [] {
+    halide_set_error_handler(halide_error_to_message);
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace
+
+std::string detail::take_halide_error() {
+  install_halide_error_handler();
+  std::string m;
+  m.swap(halide_error_message);
+  while (!m.empty() && m.back() == '\n') m.pop_back();
+  return m;
+}
+
+namespace {
+
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -53,7 +75,7 @@ struct ExecDevice {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> busy_ns{0};        // time spent running its queued calls
   std::atomic<int64_t> running_since{0};  // steady-clock ns when the running call began; 0: idle
-  std::atomic<int64_t> device_bytes{0};   // GPU memory held by its calls in flight
+  detail::DeviceMemory* mem = nullptr;    // GPU devices: their memory
 };
 
 struct CallStats {
@@ -97,7 +119,7 @@ struct State {
   State() {
     if (const char* v = std::getenv("OPFORGE_VARIANT")) forced = v;
     any_forced = !forced.empty();
-    halide_set_error_handler(halide_error_to_message);
+    install_halide_error_handler();
     const auto& pools = detail::cpu_pools();
     std::vector<int> all_cores(static_cast<size_t>(num_cpu_cores(true)));
     for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
@@ -124,19 +146,18 @@ struct State {
     // host's load.
     for (const DeviceInfo& info : opforge::devices()) {
       if (info.device.kind == DeviceKind::cpu) continue;
-      // Halide's CUDA runtime runs on one GPU per process (halide_set_gpu_device): cuda:0.
-      if (info.device.kind == DeviceKind::cuda && info.device.index != 0) continue;
+      // Halide's runtime drives one device per API and process: opencl:0, cuda:0, and only where
+      // this build has their kernels.
+      detail::DeviceMemory* mem = detail::device_memory(info.device);
+      if (!mem) continue;
       auto d = std::make_unique<ExecDevice>();
       d->device = info.device;
+      d->mem = mem;
       d->in_auto = !info.shares_cpu_cores;
       d->queue = std::make_unique<detail::DeviceQueue>(int(devices.size()), std::vector<int>{});
       if (info.shares_cpu_cores) d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
       devices.push_back(std::move(d));
     }
-    // GPU calls allocate device buffers per call: Halide's allocation cache makes that cheap, and
-    // on an out-of-memory error it flushes the cache and retries before failing.
-    if (devices.size() > pools.size() + (pools.empty() ? 1 : 0))
-      halide_reuse_device_allocations(nullptr, true);
     // Queued calls hold tensors and kernels: let them finish before the process tears down.
     std::atexit([] { synchronize_quietly(); });
   }
@@ -223,18 +244,47 @@ uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint32_
 int exec_index(const State& s, const Device& d, const std::string& op) {
   for (size_t i = 0; i < s.devices.size(); i++)
     if (s.devices[i]->device == d) return int(i);
-  throw Error(op + ": the default device is " + d.str() +
-              ", which has no kernels in this build; run it on a cpu device");
+  throw Error(op + ": " + d.str() +
+              " runs no kernels in this build (Halide drives opencl:0 and cuda:0); run it on a "
+              "cpu device");
 }
 
 bool pinned() { return default_device_is_set(); }
 
-// The devices a call may run on (a per-thread list, valid until the next call).
-const std::vector<int>& candidate_devices(State& s, const std::string& op) {
+// The devices a call may run on (a per-thread list, valid until the next call). Inputs that live
+// on a GPU device pin the call there (device inference); inputs on two GPU devices, or on one other
+// than the default device, are an error unless soft device mode moves them to the default device.
+// `home`: where the output lives (the GPU device the call is pinned to, else the host).
+const std::vector<int>& candidate_devices(State& s, const std::string& op,
+                                          const detail::KernelArgs& args, Device& home) {
   thread_local std::vector<int> devs;
   devs.clear();
+  home = {};
   int n = int(s.devices.size());
-  if (pinned()) {
+  std::optional<Device> gpu;
+  std::string conflict;
+  for (int b = 0; b + 1 < args.num_buffers(); b++) {
+    const auto& st = args.storage(b);
+    if (!st || !st->on_gpus()) continue;
+    Device h = st->home();
+    if (h.kind == DeviceKind::cpu || (gpu && h == *gpu)) continue;
+    if (gpu && conflict.empty()) conflict = "inputs on " + gpu->str() + " and " + h.str();
+    if (!gpu) gpu = h;
+  }
+  if (gpu) {
+    Device target = pinned() ? default_device() : *gpu;
+    if (conflict.empty() && !(target == *gpu))
+      conflict = "an input on " + gpu->str() + " while the default device is " + target.str();
+    if (!conflict.empty()) {
+      if (!soft_device_mode())
+        throw Error(op + ": " + conflict +
+                    "; move the inputs with to_device(), or turn on soft device mode "
+                    "(set_soft_device_mode(true)) to have them moved to the default device");
+      target = default_device();
+    }
+    devs.push_back(exec_index(s, target, op));
+    if (target.kind != DeviceKind::cpu) home = target;
+  } else if (pinned()) {
     devs.push_back(exec_index(s, default_device(), op));
   } else if (n == 1) {
     devs.push_back(0);
@@ -247,6 +297,33 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op) {
     }
   }
   return devs;
+}
+
+// Seconds to copy what the call reads to each candidate device where it is stale there, at the
+// measured bandwidth of the GPU involved. Empty when nothing needs moving anywhere.
+const std::vector<double>& transfer_times(const State& s, const detail::KernelArgs* args,
+                                          const std::vector<Scheduler::Candidate>& cands) {
+  thread_local std::vector<double> t;
+  t.clear();
+  if (!args || cands.size() < 2) return t;
+  bool any = false;
+  for (int b = 0; b + 1 < args->num_buffers() && !any; b++)
+    any = args->storage(b) && args->storage(b)->on_gpus();
+  for (const auto& c : cands) any = any || s.devices[size_t(c.device)]->mem;
+  if (!any) return t;
+  double host_bw = 0;  // a host read of GPU data goes at the slowest GPU's speed
+  for (const auto& d : s.devices)
+    if (d->mem) host_bw = host_bw ? std::min(host_bw, d->mem->bandwidth()) : d->mem->bandwidth();
+  t.assign(s.devices.size(), 0.0);
+  for (const auto& c : cands) {
+    const detail::DeviceMemory* mem = s.devices[size_t(c.device)]->mem;
+    size_t bytes = 0;
+    for (int b = 0; b + 1 < args->num_buffers(); b++)
+      if (const auto& st = args->storage(b)) bytes += st->stale_bytes(mem);
+    double bw = mem ? mem->bandwidth() : host_bw;
+    if (bytes && bw > 0) t[size_t(c.device)] = double(bytes) / bw;
+  }
+  return t;
 }
 
 void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, const Decision& d) {
@@ -269,7 +346,8 @@ void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, 
 // results it reads or overwrites: on another device, their predicted end delays its start.
 Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
                 const std::vector<int>& devs, Clock& clock,
-                const std::vector<detail::Dependency>& deps = {}) {
+                const std::vector<detail::Dependency>& deps = {},
+                const detail::KernelArgs* args = nullptr) {
   thread_local std::vector<Scheduler::Candidate> cands;
   thread_local std::vector<double> inputs_ready;
   thread_local std::string forced;
@@ -315,7 +393,8 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
         if (d != e->queue())
           inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
     }
-  Decision d = s.sched.decide(bucket_key(g, ext, accepted), cands, {}, now, s.log, inputs_ready);
+  Decision d = s.sched.decide(bucket_key(g, ext, accepted), cands, transfer_times(s, args, cands),
+                              now, s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   std::lock_guard<std::mutex> lock(s.mu);
   if (g.id >= s.group_seen.size()) s.group_seen.resize(g.id + 1);
@@ -354,37 +433,42 @@ std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void**
   return err;
 }
 
-// Runs a queued call on its device. GPU kernels get host-resident tensors: Halide copies the inputs
-// over (they are marked host-dirty), the output comes back to host memory, and the device copies
-// are freed; the measured time includes those transfers. Queued calls are always timed.
+// Runs a queued call on its device. A GPU call first makes its tensors current there (copying only
+// what is stale) and waits for the device before it returns, so that the measured time, which
+// includes those copies, is the call's. Queued calls are always timed.
 std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail::KernelArgs& args,
                        const Clock& clock, double& seconds) {
   ExecDevice& dev = *s.devices[size_t(d.device)];
   void** argv = args.argv();
   double t0 = now_seconds(clock);
-  if (dev.device.kind == DeviceKind::cpu) {
-    std::string err = run_kernel(s, g, d, argv);
+  std::string err;
+  if (!dev.mem) {
+    try {
+      args.prepare_host();
+    } catch (const Error& e) {
+      return g.op->name + ": " + e.what();
+    }
+    err = run_kernel(s, g, d, argv);
+    if (err.empty()) args.host_done();
     seconds = now_seconds(clock) - t0;
     return err;
   }
-  int last = args.num_buffers() - 1;
-  int64_t bytes = 0;
-  for (int b = 0; b <= last; b++) {
-    halide_buffer_t* hb = args.halide_buffer(b);
-    if (b < last) hb->set_host_dirty(true);
-    bytes += int64_t(hb->size_in_bytes());
+  bool ran = false;
+  try {
+    args.prepare_device(*dev.mem);
+    err = run_kernel(s, g, d, argv);
+    if (err.empty()) {
+      dev.mem->sync(*args.halide_buffer(args.num_buffers() - 1));
+      ran = true;
+    }
+  } catch (const Error& e) {
+    err = g.op->name + ": " + e.what();
   }
-  dev.device_bytes += bytes;
-  std::string err = run_kernel(s, g, d, argv);
-  if (err.empty()) {
-    halide_error_message.clear();
-    if (halide_copy_to_host(nullptr, args.halide_buffer(last)) != 0)
-      err = g.op->name + ": copying the result back from " + dev.device.str() +
-            " failed: " + halide_error_message;
+  try {
+    args.device_done(*dev.mem, ran);
+  } catch (const Error& e) {
+    if (err.empty()) err = g.op->name + ": " + e.what();
   }
-  for (int b = 0; b <= last; b++)
-    if (halide_buffer_t* hb = args.halide_buffer(b); hb->device) halide_device_free(nullptr, hb);
-  dev.device_bytes -= bytes;
   seconds = now_seconds(clock) - t0;
   return err;
 }
@@ -494,7 +578,7 @@ std::vector<DeviceStats> device_stats() {
     int64_t since = d.running_since.load(), busy = d.busy_ns.load();
     if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
     st.busy_seconds = double(busy) * 1e-9;
-    st.device_bytes = uint64_t(std::max<int64_t>(0, d.device_bytes.load()));
+    st.device_bytes = d.mem ? d.mem->allocated() : 0;
     if (d.pool) {
       st.tasks = d.pool->tasks();
       st.foreign_core_tasks = d.pool->foreign_tasks();
@@ -541,15 +625,26 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   for (int b = 0; b <= last; b++)
     if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
   Clock clock;
-  Decision d = choose(s, g, ext, candidate_devices(s, g.op->name), clock, deps);
+  Device home;
+  const std::vector<int>& devs = candidate_devices(s, g.op->name, args, home);
+  Decision d = choose(s, g, ext, devs, clock, deps, &args);
   ExecDevice& dev = *s.devices[size_t(d.device)];
   args.set_context(dev.pool);
+  if (home.kind != DeviceKind::cpu) args.storage(last)->adopt_home(home);
 
   if (!dev.queue) {
     std::string err = wait_for(g, deps);
     deps.clear();  // no event outlives the call in this thread's scratch
     double seconds = 0;
+    if (err.empty()) {
+      try {
+        args.prepare_host();
+      } catch (const Error& e) {
+        err = g.op->name + ": " + e.what();
+      }
+    }
     if (err.empty()) err = run_inline(s, g, d, args.argv(), clock, seconds);
+    if (err.empty()) args.host_done();
     if (!err.empty()) {
       record_failure(s, g, d, false);
       throw Error(err);

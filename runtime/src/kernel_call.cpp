@@ -5,17 +5,21 @@
 #include <cmath>
 #include <sstream>
 
+#include "device_memory.hpp"
 #include "storage.hpp"
 
 namespace opforge::detail {
 
 void* address(const Tensor& t) {
   OPFORGE_CHECK(t.defined()) << "tensor is undefined (default-constructed)";
-  return static_cast<char*>(t.storage()->ptr) + t.offset() * int64_t(t.element_size());
+  // A GPU tensor has no host memory until the host reads it: host kernels get theirs at run time.
+  char* base = static_cast<char*>(t.storage()->ptr);
+  return base ? base + t.offset() * int64_t(t.element_size()) : nullptr;
 }
 
 View& View::bind(const Tensor& t) {
   host = t.numel() ? address(t) : nullptr;
+  offset_bytes = size_t(t.offset()) * t.element_size();
   dtype = t.dtype();
   storage = t.storage();
   return *this;
@@ -56,6 +60,7 @@ void KernelArgs::buffer(const View& v) {
   OPFORGE_CHECK(nb_ < int(bufs_.size()) && na_ < int(args_.size()))
       << "a kernel takes at most " << bufs_.size() << " tensors";
   storages_[size_t(nb_)] = v.storage;
+  offsets_[size_t(nb_)] = v.offset_bytes;
   Buf& b = bufs_[size_t(nb_++)];
   b.b.host = static_cast<uint8_t*>(v.host);
   b.b.type = halide_type_of(v.dtype);
@@ -92,6 +97,52 @@ void** KernelArgs::argv() {
     }
   }
   return args_.data();
+}
+
+void KernelArgs::prepare_host() {
+  for (int b = 0; b < nb_; b++) {
+    Storage* st = storages_[size_t(b)].get();
+    if (!st || !st->on_gpus() || bufs_[size_t(b)].b.size_in_bytes() == 0) continue;
+    bufs_[size_t(b)].b.host = static_cast<uint8_t*>(st->host_current()) + offsets_[size_t(b)];
+  }
+}
+
+void KernelArgs::host_done() {
+  if (Storage* out = storages_[size_t(nb_ - 1)].get(); out && out->on_gpus()) out->host_written();
+}
+
+void KernelArgs::prepare_device(DeviceMemory& mem) {
+  int last = nb_ - 1;
+  for (int b = 0; b <= last; b++) {
+    Storage* st = storages_[size_t(b)].get();
+    halide_buffer_t& hb = bufs_[size_t(b)].b;
+    size_t span = hb.size_in_bytes(), off = offsets_[size_t(b)];
+    // An output that covers its whole storage, which no input shares, needs nothing copied there.
+    bool overwrite = b == last && off == 0 && span == st->bytes;
+    for (int i = 0; overwrite && i < last; i++) overwrite = storages_[size_t(i)].get() != st;
+    DeviceBlock& block = st->device_current(mem, overwrite);
+    hb.host = nullptr;
+    hb.flags = 0;
+    if (mem.bind(hb, block, off, handles_[size_t(b)])) continue;
+    DeviceBlock* dense = mem.allocate(span);
+    staged_[size_t(b)] = dense;
+    mem.copy(block, off, *dense, 0, span);
+    mem.bind(hb, *dense, 0, handles_[size_t(b)]);
+  }
+}
+
+void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
+  int last = nb_ - 1;
+  Storage* out = storages_[size_t(last)].get();
+  if (DeviceBlock* dense = staged_[size_t(last)]; dense && ran)
+    mem.copy(*dense, 0, out->device_current(mem, false), offsets_[size_t(last)],
+             bufs_[size_t(last)].b.size_in_bytes());
+  if (ran) out->device_written(mem);
+  for (auto& dense : staged_)
+    if (dense) {
+      mem.release(dense);
+      dense = nullptr;
+    }
 }
 
 void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <memory>
 
+#include "device_memory.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/ops.hpp"
@@ -43,6 +44,7 @@ inline halide_type_t halide_type_of(DType t) {
 // A view in Halide's terms: extents and strides in elements, innermost first.
 struct View {
   void* host = nullptr;
+  size_t offset_bytes = 0;  // of element [0, ...] in its storage
   DType dtype = DType::Float32;
   int n = 0;
   int64_t extent[kMaxDims] = {};
@@ -51,6 +53,9 @@ struct View {
   // Points the view at t's element [0, ...] (extents and strides are set by the caller).
   View& bind(const Tensor& t);
 };
+
+// This thread's latest Halide error message, cleared (the handler is installed on first use).
+std::string take_halide_error();
 
 // Address of t's element [0, ...] without waiting for pending work: kernels are ordered by the
 // events their storages carry, so only host reads go through Tensor::data().
@@ -76,6 +81,18 @@ class KernelArgs {
   // Storages the call reads (every buffer but the last) and writes (the last).
   const std::shared_ptr<Storage>& storage(int buffer) const { return storages_[size_t(buffer)]; }
 
+  // Before a host kernel runs: brings stale host copies up to date and points the buffers at them.
+  void prepare_host();
+  // After it ran: the output's GPU copies are stale.
+  void host_done();
+  // Before a kernel runs on `mem`'s device: brings the storages' copies there up to date (copying
+  // what is stale) and points the buffers at them. A view OpenCL cannot address in place runs on
+  // a dense copy of its span.
+  void prepare_device(DeviceMemory& mem);
+  // After it ran (and the device finished): writes a staged output back and marks the output's
+  // other copies stale. Either way, gives the dense copies back.
+  void device_done(DeviceMemory& mem, bool ran);
+
  private:
   enum class Slot : uint8_t { context, buffer, f64, i32 };
   struct Buf {
@@ -84,6 +101,9 @@ class KernelArgs {
   };
   std::array<Buf, 6> bufs_{};
   std::array<std::shared_ptr<Storage>, 6> storages_{};
+  std::array<size_t, 6> offsets_{};        // bytes
+  std::array<DeviceHandle, 6> handles_{};  // a GPU call's device handles
+  std::array<DeviceBlock*, 6> staged_{};   // a GPU call's dense copies of views it cannot address
   std::array<double, 8> f_{};
   std::array<int32_t, 8> i_{};
   std::array<Slot, 16> slots_{};

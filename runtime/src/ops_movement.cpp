@@ -105,7 +105,7 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   int ax = wrap_axis("index_select", axis, x.dim());
   Tensor idx = index.to(DType::Int64).reshape({-1}).contiguous();
   int64_t n = x.shape()[ax];
-  const int64_t* iv = idx.data_ptr<int64_t>();
+  const auto* iv = static_cast<const int64_t*>(idx.const_data());
   for (int64_t i = 0; i < idx.numel(); i++)
     OPFORGE_CHECK(iv[i] >= -n && iv[i] < n)
         << "index_select: index " << iv[i] << " is out of range for dimension " << ax << " of size "

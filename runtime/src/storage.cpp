@@ -1,6 +1,6 @@
-// The caching host allocator. Blocks are bucketed by size class; freed blocks wait in the cache up
-// to a limit. An allocation that fails releases the cache and retries before raising
-// OutOfMemoryError.
+// The caching host allocator (blocks bucketed by size class; freed blocks wait in the cache up to a
+// limit; an allocation that fails releases the cache and retries before raising OutOfMemoryError),
+// the copies a storage keeps on GPU devices, and the ordering of the calls that use it.
 #include "storage.hpp"
 
 #include <algorithm>
@@ -10,24 +10,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_memory.hpp"
 #include "opforge/error.hpp"
 
 namespace opforge {
 namespace {
 
 constexpr size_t kCacheLimit = size_t(1) << 30;
-
-// Powers of two up to 1 MiB, then whole MiB: at most 1/16 waste on large blocks.
-size_t size_class(size_t bytes) {
-  if (bytes <= 64) return 64;
-  if (bytes <= (size_t(1) << 20)) {
-    size_t c = 64;
-    while (c < bytes) c <<= 1;
-    return c;
-  }
-  size_t mib = size_t(1) << 20;
-  return (bytes + mib - 1) / mib * mib;
-}
 
 struct Cache {
   std::mutex mu;
@@ -49,48 +38,166 @@ Cache& cache() {
   return *c;
 }
 
-}  // namespace
+void* host_alloc(size_t capacity) {
+  Cache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(capacity);
+    if (it != c.free_blocks.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      c.cached -= capacity;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(64, capacity);
+  size_t released = 0;
+  if (!p) {
+    released = cached_memory_bytes();
+    c.release_all();
+    p = std::aligned_alloc(64, capacity);
+  }
+  if (!p)
+    throw OutOfMemoryError("cpu: out of memory allocating " + std::to_string(capacity) +
+                           " bytes (" + std::to_string(released) +
+                           " cached bytes were and have been released)");
+  return p;
+}
 
-Storage::~Storage() {
-  if (!ptr) return;
+void host_free(void* p, size_t capacity) {
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.cached + capacity <= kCacheLimit) {
-      c.free_blocks[capacity].push_back(ptr);
+      c.free_blocks[capacity].push_back(p);
       c.cached += capacity;
       return;
     }
   }
-  std::free(ptr);
+  std::free(p);
+}
+
+}  // namespace
+
+// Powers of two up to 1 MiB, then whole MiB: at most 1/16 waste on large blocks.
+size_t detail::size_class(size_t bytes) {
+  if (bytes <= 64) return 64;
+  if (bytes <= (size_t(1) << 20)) {
+    size_t c = 64;
+    while (c < bytes) c <<= 1;
+    return c;
+  }
+  size_t mib = size_t(1) << 20;
+  return (bytes + mib - 1) / mib * mib;
+}
+
+Storage::~Storage() {
+  for (const Copy& c : copies_) c.mem->release(c.block);
+  if (ptr) host_free(ptr, capacity);
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
   auto s = std::make_shared<Storage>();
   s->bytes = bytes;
-  s->capacity = size_class(bytes);
-  Cache& c = cache();
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.free_blocks.find(s->capacity);
-    if (it != c.free_blocks.end() && !it->second.empty()) {
-      s->ptr = it->second.back();
-      it->second.pop_back();
-      c.cached -= s->capacity;
-      return s;
-    }
-  }
-  s->ptr = std::aligned_alloc(64, s->capacity);
-  size_t released = 0;
-  if (!s->ptr) {
-    released = cached_memory_bytes();
-    c.release_all();
-    s->ptr = std::aligned_alloc(64, s->capacity);
-  }
-  if (!s->ptr)
-    throw OutOfMemoryError("cpu: out of memory allocating " + std::to_string(bytes) + " bytes (" +
-                           std::to_string(released) + " cached bytes were and have been released)");
+  s->capacity = detail::size_class(bytes);
+  s->ptr = host_alloc(s->capacity);
   return s;
+}
+
+Device Storage::home() const {
+  if (!on_gpus()) return {};
+  std::lock_guard<std::mutex> lock(data_mu_);
+  return home_;
+}
+
+bool Storage::adopt_home(const Device& d) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  if (home_ == d) return true;
+  if (written_.load(std::memory_order_acquire)) return false;
+  home_ = d;
+  if (ptr) host_free(ptr, capacity);
+  ptr = nullptr;
+  host_valid_ = false;
+  on_gpus_.store(true, std::memory_order_release);
+  return true;
+}
+
+Storage::Copy* Storage::copy_on(const detail::DeviceMemory* mem) {
+  for (Copy& c : copies_)
+    if (c.mem == mem) return &c;
+  return nullptr;
+}
+
+void* Storage::host_block() {
+  if (!ptr) {
+    capacity = detail::size_class(bytes);
+    ptr = host_alloc(capacity);
+  }
+  return ptr;
+}
+
+void* Storage::host_current() {
+  if (!on_gpus()) return ptr;
+  std::lock_guard<std::mutex> lock(data_mu_);
+  host_block();
+  if (!host_valid_) {
+    for (const Copy& c : copies_)
+      if (c.valid) {
+        c.mem->download(*c.block, ptr, bytes);
+        break;
+      }
+    host_valid_ = true;  // with no valid copy anywhere, nothing was ever written
+  }
+  return ptr;
+}
+
+void Storage::host_written() {
+  written_.store(true, std::memory_order_release);
+  if (!on_gpus()) return;
+  std::lock_guard<std::mutex> lock(data_mu_);
+  host_block();
+  host_valid_ = true;
+  for (Copy& c : copies_) c.valid = false;
+}
+
+detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool overwrite) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  on_gpus_.store(true, std::memory_order_release);
+  Copy* mine = copy_on(&mem);
+  if (!mine) {
+    copies_.push_back({&mem, mem.allocate(bytes), false});
+    mine = &copies_.back();
+  }
+  if (mine->valid || overwrite) return *mine->block;
+  if (!host_valid_) {
+    // Valid only on another device: through the host (one API's runtime cannot reach another's).
+    for (const Copy& c : copies_)
+      if (c.valid) {
+        host_block();
+        c.mem->download(*c.block, ptr, bytes);
+        host_valid_ = true;
+        break;
+      }
+  }
+  if (host_valid_ && ptr) mem.upload(*mine->block, ptr, bytes);
+  mine->valid = true;
+  return *mine->block;
+}
+
+void Storage::device_written(detail::DeviceMemory& mem) {
+  written_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(data_mu_);
+  for (Copy& c : copies_) c.valid = c.mem == &mem;
+  host_valid_ = false;
+}
+
+size_t Storage::stale_bytes(const detail::DeviceMemory* mem) const {
+  if (!on_gpus()) return mem ? bytes : 0;
+  std::lock_guard<std::mutex> lock(data_mu_);
+  if (!mem) return host_valid_ ? 0 : bytes;
+  for (const Copy& c : copies_)
+    if (c.mem == mem && c.valid) return 0;
+  return bytes;
 }
 
 void Storage::dependencies(std::vector<detail::Dependency>& deps, bool write) const {
@@ -104,6 +211,7 @@ void Storage::dependencies(std::vector<detail::Dependency>& deps, bool write) co
 }
 
 void Storage::written_in_place() {
+  written_.store(true, std::memory_order_release);
   if (!tracked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mu_);
   writer_.reset();
@@ -111,6 +219,7 @@ void Storage::written_in_place() {
 }
 
 void Storage::record(const detail::EventPtr& ev, bool write) {
+  if (write) written_.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mu_);
   tracked_.store(true, std::memory_order_release);
   if (write) {

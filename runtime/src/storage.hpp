@@ -1,6 +1,9 @@
-// Host memory behind tensors: 64-byte aligned blocks from a caching allocator, so a loop that
-// allocates same-sized outputs reuses memory whose pages are already mapped (a fresh 64 MB block
-// costs more in page faults than an elementwise kernel over it).
+// The memory behind tensors. Host memory comes in 64-byte aligned blocks from a caching allocator,
+// so a loop that allocates same-sized outputs reuses memory whose pages are already mapped (a fresh
+// 64 MB block costs more in page faults than an elementwise kernel over it). A storage also keeps
+// copies on GPU devices, each valid or stale (the MSI idea): a tensor that lives on the host may be
+// cached on a GPU, one that lives on a GPU gets host memory only when the host reads it, and a call
+// copies only what is stale where it runs.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -9,15 +12,44 @@
 #include <vector>
 
 #include "device_queue.hpp"
+#include "opforge/device.hpp"
 
 namespace opforge {
 
+namespace detail {
+class DeviceMemory;
+struct DeviceBlock;
+// The block size an allocation of `bytes` gets: powers of two up to 1 MiB, then whole MiB.
+size_t size_class(size_t bytes);
+}  // namespace detail
+
 struct Storage {
-  void* ptr = nullptr;
+  void* ptr = nullptr;  // host memory; null for a GPU tensor the host has not read
   size_t bytes = 0;     // requested
-  size_t capacity = 0;  // of the block, a size class
+  size_t capacity = 0;  // of the host block, a size class
   ~Storage();
   static std::shared_ptr<Storage> allocate(size_t bytes);
+
+  // ---- where the data is (callers have waited for the calls it depends on) ----
+  // Where the tensor lives: a CPU device (host memory) or a GPU device.
+  Device home() const;
+  // A new output of a call that runs on GPU device `d` lives there: gives back its host block.
+  // Only a storage nothing has written yet moves; returns whether it did.
+  bool adopt_home(const Device& d);
+  // Any GPU copy was ever made: until then the host copy is the only one and nothing below is
+  // needed (the common, CPU-only case costs one atomic load).
+  bool on_gpus() const { return on_gpus_.load(std::memory_order_acquire); }
+  // Makes the host copy current, allocating it, and returns it.
+  void* host_current();
+  // The host copy was (or is about to be) overwritten: every GPU copy is stale.
+  void host_written();
+  // Makes the copy on `mem` current and returns it; `overwrite`: the caller writes all of it, so
+  // nothing needs copying there first.
+  detail::DeviceBlock& device_current(detail::DeviceMemory& mem, bool overwrite);
+  // A call on `mem` wrote its copy: every other copy is stale.
+  void device_written(detail::DeviceMemory& mem);
+  // Bytes a call on `mem` (null: the host) must copy before it can read this storage.
+  size_t stale_bytes(const detail::DeviceMemory* mem) const;
 
   // ---- ordering of asynchronous work (device_queue.hpp) ----
   // Adds to `deps` the events a call must wait for before it reads (or writes) this memory: the
@@ -36,6 +68,20 @@ struct Storage {
   std::atomic<bool> tracked_{false};  // any event recorded yet: until then nothing to lock
   detail::EventPtr writer_;
   std::vector<detail::EventPtr> readers_;
+
+  struct Copy {
+    detail::DeviceMemory* mem;
+    detail::DeviceBlock* block;
+    bool valid;
+  };
+  Copy* copy_on(const detail::DeviceMemory* mem);
+  void* host_block();
+  mutable std::mutex data_mu_;  // guards what follows
+  Device home_;
+  bool host_valid_ = true;
+  std::vector<Copy> copies_;
+  std::atomic<bool> on_gpus_{false};
+  std::atomic<bool> written_{false};  // by anything: a storage once written stays where it lives
 };
 
 // Returns every cached block to the system.

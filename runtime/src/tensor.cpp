@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "device_memory.hpp"
 #include "opforge/ops.hpp"
 #include "storage.hpp"
 
@@ -124,7 +125,7 @@ template <class F>
 void visit_strided(const Tensor& t, F&& f) {
   int64_t n = t.numel();
   if (n == 0) return;
-  const char* base = static_cast<const char*>(t.data());
+  const char* base = static_cast<const char*>(t.const_data());
   size_t es = t.element_size();
   int r = t.dim();
   std::vector<int64_t> idx(r, 0);
@@ -203,11 +204,46 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+Device Tensor::device() const { return storage_ ? storage_->home() : Device{}; }
+
 void* Tensor::data() const {
+  char* p = static_cast<char*>(const_cast<void*>(const_data()));
+  storage_->host_written();
+  return p;
+}
+
+const void* Tensor::const_data() const {
   OPFORGE_CHECK(storage_) << "tensor is undefined (default-constructed)";
   storage_->sync();  // the host sees memory only after the device work that uses it is done
-  return static_cast<char*>(storage_->ptr) + offset_ * int64_t(element_size());
+  return static_cast<const char*>(storage_->host_current()) + offset_ * int64_t(element_size());
 }
+
+Tensor Tensor::to(const Device& d) const {
+  OPFORGE_CHECK(storage_) << "to: tensor is undefined (default-constructed)";
+  OPFORGE_CHECK(device_exists(d)) << "to: no device " << d.str() << " on this machine";
+  Device here = device();
+  if (here == d || (d.kind == DeviceKind::cpu && here.kind == DeviceKind::cpu)) return *this;
+  size_t bytes = size_t(numel()) * element_size();
+  if (d.kind == DeviceKind::cpu) {
+    Tensor out = empty(shape_, dtype_);
+    copy_to_host(out.data(), bytes);
+    return out;
+  }
+  detail::DeviceMemory* mem = detail::device_memory(d);
+  OPFORGE_CHECK(mem) << "to: " << d.str()
+                     << " holds no tensors in this build (Halide drives opencl:0 and cuda:0)";
+  Tensor c = contiguous();
+  const void* src = bytes ? c.const_data() : nullptr;
+  Tensor out = empty(shape_, dtype_);
+  Storage& st = *out.storage();
+  st.adopt_home(d);
+  mem->upload(st.device_current(*mem, true), src, bytes);
+  st.device_written(*mem);
+  return out;
+}
+
+Tensor to_device(const Tensor& t, const Device& d) { return t.to(d); }
+Tensor to_device(const Tensor& t, std::string_view device) { return t.to(parse_device(device)); }
 
 void Tensor::check_type(DType t) const {
   OPFORGE_CHECK(t == dtype_) << "tensor has dtype " << dtype_name(dtype_) << ", accessed as "
@@ -401,11 +437,11 @@ void Tensor::copy_to_host(void* dst, size_t bytes) const {
                                << need << " bytes";
   if (need == 0) return;
   if (is_contiguous()) {
-    std::memcpy(dst, data(), need);
+    std::memcpy(dst, const_data(), need);
     return;
   }
   Tensor c = contiguous();
-  std::memcpy(dst, c.data(), need);
+  std::memcpy(dst, c.const_data(), need);
 }
 
 void Tensor::copy_from_host(const void* src, size_t bytes) {
@@ -421,7 +457,7 @@ void Tensor::copy_from_host(const void* src, size_t bytes) {
 double Tensor::item() const {
   OPFORGE_CHECK(numel() == 1) << "item: tensor of shape " << shape_str(shape_) << " has " << numel()
                               << " elements, expected 1";
-  return load_as_double(dtype_, static_cast<const char*>(data()));
+  return load_as_double(dtype_, static_cast<const char*>(const_data()));
 }
 
 std::vector<double> Tensor::to_double_vector() const {

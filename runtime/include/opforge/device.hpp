@@ -45,16 +45,33 @@ int num_cpu_cores(bool logical = true);
 uint64_t total_mem_on_dev(const Device& d);
 uint64_t used_mem_on_dev(const Device& d, bool process_only = false);
 double percent_used_mem_on_dev(const Device& d, bool process_only = false);
+// GPU memory this process's tensors hold (PyTorch's memory_allocated), and that plus what the
+// caching allocator keeps for reuse (memory_reserved). An Error for a device that holds no tensors.
+uint64_t memory_allocated(const Device& d);
+uint64_t memory_reserved(const Device& d);
+// Gives the allocator's cached blocks on `d` back to the driver.
+void empty_cache(const Device& d);
+// Caps the GPU memory this process may hold on `d` at a fraction of the device's (PyTorch's
+// set_per_process_memory_fraction); an allocation beyond it raises an OutOfMemoryError.
+void set_memory_fraction(const Device& d, double fraction);
+
 // Utilization in percent: CPU from /proc/stat over a 50 ms window, CUDA from NVML.
 double dev_util(const Device& d);
 
-// The device ops use when nothing else decides: the top of this thread's stack, cpu when empty.
+// The device ops run on when nothing else decides (no input lives on a GPU device): the top of this
+// thread's stack, cpu when empty. Tensors are created on the host whatever the default device.
 Device default_device();
 void set_default_device(const Device& d);  // pushes
 void unset_default_device();               // pops; an Error when the stack is empty
 // True while this thread has a default device set: op calls are pinned to it. Otherwise the
 // device policy (dispatch.hpp) places each call.
 bool default_device_is_set();
+
+// Soft device mode (process-wide, off by default). A call whose inputs live on two GPU devices, or
+// on a GPU device other than the default one, raises an Error while it is off; while it is on, the
+// inputs are copied to the default device and the call runs there.
+void set_soft_device_mode(bool on);
+bool soft_device_mode();
 
 // Makes `d` the default device for its lifetime; scopes nest.
 class DefaultDevice {
@@ -76,7 +93,7 @@ struct DeviceStats {
   int64_t tasks = 0;               // logical CPU devices: parallel-loop iterations run by its pool
   int64_t foreign_core_tasks = 0;  // of those, run on a core outside the device (should be 0)
   double busy_seconds = 0;         // time its threads spent running kernels
-  uint64_t device_bytes = 0;       // GPU devices: memory held by the calls running there
+  uint64_t device_bytes = 0;       // GPU devices: memory held by tensors there (memory_allocated)
 };
 std::vector<DeviceStats> device_stats();
 

@@ -1,5 +1,7 @@
 // Tensor: a typed, strided view of reference-counted storage. Views (reshape, transpose, slice,
-// expand) share storage and never copy; contiguous() copies only when the view is not dense.
+// expand) share storage and never copy; contiguous() copies only when the view is not dense. A
+// tensor lives on the host (every CPU device reads it) or on a GPU device (to_device); ops on GPU
+// tensors run on that GPU and return tensors there.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -8,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/device.hpp"
 #include "opforge/dtype.hpp"
 #include "opforge/error.hpp"
 
@@ -77,8 +80,15 @@ class Tensor {
   int64_t numel() const { return shape_numel(shape_); }
   bool is_contiguous() const;
   size_t element_size() const { return dtype_size(dtype_); }
-  // Address of element [0, ..., 0].
+  // Where the tensor lives: cpu (host memory) or the GPU device it was moved to or computed on.
+  Device device() const;
+  // Address of element [0, ..., 0] in host memory, current once pending work is done. The caller
+  // may write through it, so copies on GPU devices are dropped (a GPU tensor stays there and is
+  // copied back when a GPU call next reads it).
   void* data() const;
+  // The same address, for reading only: copies on GPU devices stay valid (PyTorch's
+  // const_data_ptr).
+  const void* const_data() const;
   template <class T>
   T* data_ptr() const {
     check_type(dtype_of_v<T>);
@@ -102,6 +112,10 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;  // cast; the same tensor if the dtype already matches
+  // This tensor on device d: itself when it already lives there (any CPU device counts as the
+  // host), else a copy there. Like PyTorch's tensor.to(device).
+  Tensor to(const Device& d) const;
+  Tensor cpu() const { return to(Device{}); }
   void copy_to_host(void* dst, size_t bytes) const;    // in row-major order
   void copy_from_host(const void* src, size_t bytes);  // this tensor must be contiguous
   template <class T>
@@ -130,5 +144,9 @@ class Tensor {
 };
 
 Shape contiguous_strides(const Shape& shape);
+
+// t.to(d); the name the unified-framework device API uses.
+Tensor to_device(const Tensor& t, const Device& d);
+Tensor to_device(const Tensor& t, std::string_view device);
 
 }  // namespace opforge

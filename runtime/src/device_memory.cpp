@@ -1,0 +1,237 @@
+// The per-device caching allocator and the copies, through Halide's device interface: the same
+// code serves OpenCL and CUDA, and the kernels Halide generated take the blocks as they are.
+#include "device_memory.hpp"
+
+#include <HalideRuntimeOpenCL.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "kernel_call.hpp"
+#include "opforge/error.hpp"
+#include "storage.hpp"
+
+#ifdef OPFORGE_HAVE_CUDA_KERNELS
+#include <HalideRuntimeCuda.h>
+#endif
+
+namespace opforge::detail {
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    u++;
+  }
+  char s[48];
+  std::snprintf(s, sizeof s, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return s;
+}
+
+void byte_buffer(halide_buffer_t& b, halide_dimension_t& dim, size_t bytes) {
+  OPFORGE_CHECK(bytes <= size_t(INT32_MAX))
+      << "a tensor on a GPU device holds at most 2 GiB (the 32-bit extents of generated kernels); "
+      << "this one needs " << bytes << " bytes";
+  dim = {0, int32_t(bytes), 1, 0};
+  b.type = {halide_type_uint, 8, 1};
+  b.dimensions = 1;
+  b.dim = &dim;
+}
+
+}  // namespace
+
+DeviceMemory::DeviceMemory(const Device& d, const halide_device_interface_t* iface, uint64_t total,
+                           size_t offset_align)
+    : device_(d), iface_(iface), total_(total), align_(offset_align), limit_(total) {
+  if (d.kind != DeviceKind::opencl) return;
+  // bind() builds Halide's OpenCL handle itself: make sure the layout is the one it expects.
+  DeviceHandle h{24, 0x1230};
+  halide_buffer_t probe{};
+  probe.device = reinterpret_cast<uint64_t>(&h);
+  probe.device_interface = iface;
+  OPFORGE_CHECK(halide_opencl_get_crop_offset(nullptr, &probe) == 24 &&
+                halide_opencl_get_cl_mem(nullptr, &probe) == 0x1230)
+      << "internal: Halide's OpenCL device handle is not laid out as {offset, cl_mem}";
+}
+
+DeviceBlock* DeviceMemory::allocate(size_t bytes) {
+  size_t cap = size_class(std::max<size_t>(bytes, 1));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(cap);
+    if (it != free_.end() && !it->second.empty()) {
+      DeviceBlock* b = it->second.back();
+      it->second.pop_back();
+      cached_ -= cap;
+      allocated_ += cap;
+      return b;
+    }
+  }
+  auto b = std::make_unique<DeviceBlock>();
+  byte_buffer(b->buf, b->dim, cap);
+  b->capacity = cap;
+  auto try_malloc = [&] {
+    if (allocated_ + cap > limit_) return false;
+    take_halide_error();
+    return halide_device_malloc(nullptr, &b->buf, iface_) == 0;
+  };
+  if (!try_malloc()) {
+    empty_cache();
+    if (!try_malloc()) {
+      std::string why = allocated_ + cap > limit_ ? "" : " (" + take_halide_error() + ")";
+      throw OutOfMemoryError(
+          device_.str() + ": out of memory allocating " + human_bytes(double(bytes)) + " (" +
+          std::to_string(bytes) + " bytes)" + why + "; " + human_bytes(double(allocated_)) +
+          " held by tensors, cache emptied; this process may use " + human_bytes(double(limit_)) +
+          " of " + human_bytes(double(total_)) + " (set_memory_fraction)");
+    }
+  }
+  b->raw = device_.kind == DeviceKind::opencl ? halide_opencl_get_cl_mem(nullptr, &b->buf)
+                                              : b->buf.device;
+  allocated_ += cap;
+  return b.release();
+}
+
+void DeviceMemory::release(DeviceBlock* b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_[b->capacity].push_back(b);
+  cached_ += b->capacity;
+  allocated_ -= b->capacity;
+}
+
+void DeviceMemory::empty_cache() {
+  std::unordered_map<size_t, std::vector<DeviceBlock*>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks.swap(free_);
+    cached_ = 0;
+  }
+  for (auto& [cap, list] : blocks)
+    for (DeviceBlock* b : list) {
+      halide_device_free(nullptr, &b->buf);
+      delete b;
+    }
+}
+
+size_t DeviceMemory::reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocated_ + cached_;
+}
+
+void DeviceMemory::set_fraction(double fraction) {
+  OPFORGE_CHECK(fraction > 0 && fraction <= 1)
+      << "set_memory_fraction: " << fraction << " is not in (0, 1]";
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = size_t(fraction * double(total_));
+}
+
+bool DeviceMemory::bind(halide_buffer_t& buf, const DeviceBlock& b, size_t offset,
+                        DeviceHandle& h) const {
+  if (device_.kind == DeviceKind::opencl) {
+    if (offset % align_) return false;
+    h = {offset, b.raw};
+    buf.device = reinterpret_cast<uint64_t>(&h);
+  } else {
+    buf.device = b.raw + offset;
+  }
+  buf.device_interface = iface_;
+  return true;
+}
+
+void DeviceMemory::transfer(halide_buffer_t& hb, const DeviceBlock& b, bool to_device,
+                            size_t bytes) {
+  DeviceHandle h;
+  bind(hb, b, 0, h);
+  take_halide_error();
+  auto t0 = std::chrono::steady_clock::now();
+  int rc;
+  if (to_device) {
+    hb.set_host_dirty(true);
+    rc = halide_copy_to_device(nullptr, &hb, iface_);
+  } else {
+    hb.set_device_dirty(true);
+    rc = halide_copy_to_host(nullptr, &hb);
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  OPFORGE_CHECK(rc == 0) << device_.str() << ": copying " << bytes << " bytes "
+                         << (to_device ? "to" : "from")
+                         << " the device failed: " << take_halide_error();
+  // Small copies measure latency, not bandwidth.
+  if (bytes >= (size_t(1) << 16) && s > 0) {
+    double bw = bandwidth_.load(std::memory_order_relaxed);
+    bandwidth_.store(0.8 * bw + 0.2 * double(bytes) / s, std::memory_order_relaxed);
+  }
+}
+
+void DeviceMemory::upload(DeviceBlock& b, const void* src, size_t bytes) {
+  if (!bytes) return;
+  halide_buffer_t hb{};
+  halide_dimension_t dim{};
+  byte_buffer(hb, dim, bytes);
+  hb.host = static_cast<uint8_t*>(const_cast<void*>(src));
+  transfer(hb, b, true, bytes);
+}
+
+void DeviceMemory::download(const DeviceBlock& b, void* dst, size_t bytes) {
+  if (!bytes) return;
+  halide_buffer_t hb{};
+  halide_dimension_t dim{};
+  byte_buffer(hb, dim, bytes);
+  hb.host = static_cast<uint8_t*>(dst);
+  transfer(hb, b, false, bytes);
+}
+
+void DeviceMemory::copy(const DeviceBlock& src, size_t src_offset, DeviceBlock& dst,
+                        size_t dst_offset, size_t n) {
+  if (!n) return;
+  halide_buffer_t s{}, d{};
+  halide_dimension_t sd{}, dd{};
+  byte_buffer(s, sd, n);
+  byte_buffer(d, dd, n);
+  // Copies take any offset, also on OpenCL: point the handles without bind()'s alignment rule.
+  DeviceHandle sh{src_offset, src.raw}, dh{dst_offset, dst.raw};
+  bool cl = device_.kind == DeviceKind::opencl;
+  s.device = cl ? reinterpret_cast<uint64_t>(&sh) : src.raw + src_offset;
+  d.device = cl ? reinterpret_cast<uint64_t>(&dh) : dst.raw + dst_offset;
+  s.device_interface = d.device_interface = iface_;
+  take_halide_error();
+  OPFORGE_CHECK(halide_buffer_copy(nullptr, &s, iface_, &d) == 0)
+      << device_.str() << ": copying " << n
+      << " bytes on the device failed: " << take_halide_error();
+}
+
+void DeviceMemory::sync(halide_buffer_t& on_device) {
+  take_halide_error();
+  OPFORGE_CHECK(halide_device_sync(nullptr, &on_device) == 0)
+      << device_.str() << ": waiting for the device failed: " << take_halide_error();
+}
+
+DeviceMemory* device_memory(const Device& d) {
+  // Never destroyed: tensors in static storage may release blocks late.
+  static auto* table = [] {
+    auto* t = new std::vector<std::unique_ptr<DeviceMemory>>;
+    for (const DeviceInfo& info : devices()) {
+      // Halide's runtime drives one device per API and process: opencl:0, cuda:0.
+      if (info.device.index != 0) continue;
+      if (info.device.kind == DeviceKind::opencl)
+        t->push_back(std::make_unique<DeviceMemory>(info.device, halide_opencl_device_interface(),
+                                                    info.total_memory, opencl_offset_align(0)));
+#ifdef OPFORGE_HAVE_CUDA_KERNELS
+      if (info.device.kind == DeviceKind::cuda)
+        t->push_back(std::make_unique<DeviceMemory>(info.device, halide_cuda_device_interface(),
+                                                    info.total_memory, 1));
+#endif
+    }
+    return t;
+  }();
+  if (d.kind == DeviceKind::cpu) return nullptr;
+  for (const auto& m : *table)
+    if (m->device() == d) return m.get();
+  return nullptr;
+}
+
+}  // namespace opforge::detail

@@ -1,0 +1,84 @@
+// GPU memory behind tensors. One caching allocator per GPU device: freed blocks wait by size class
+// for reuse, and an allocation that fails empties the cache and retries before it raises an
+// OutOfMemoryError naming the device, the request and what is in use. Also the copies between host
+// and device, and the Halide device handles that point a kernel argument at any byte of a block.
+#pragma once
+#include <HalideRuntime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "opforge/device.hpp"
+
+namespace opforge::detail {
+
+// One allocation on a device: a one-dimensional byte buffer that halide_device_free releases.
+struct DeviceBlock {
+  halide_buffer_t buf{};
+  halide_dimension_t dim{};
+  size_t capacity = 0;
+  uint64_t raw = 0;  // the native handle: cl_mem or CUdeviceptr
+};
+
+// What a buffer's `device` field points at on OpenCL: Halide 14's handle is {offset, cl_mem}, and a
+// non-zero offset becomes a sub-buffer when the kernel runs.
+struct DeviceHandle {
+  uint64_t offset = 0;
+  uint64_t mem = 0;
+};
+
+class DeviceMemory {
+ public:
+  DeviceMemory(const Device& d, const halide_device_interface_t* iface, uint64_t total,
+               size_t offset_align);
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  const Device& device() const { return device_; }
+  DeviceBlock* allocate(size_t bytes);
+  void release(DeviceBlock* b);
+  void empty_cache();
+  size_t allocated() const { return allocated_; }  // held by tensors
+  size_t reserved() const;                         // held by tensors and by the cache
+  // Caps what this process may hold there, as a fraction of the device's memory (PyTorch's
+  // set_per_process_memory_fraction).
+  void set_fraction(double fraction);
+
+  void upload(DeviceBlock& b, const void* src, size_t bytes);
+  void download(const DeviceBlock& b, void* dst, size_t bytes);
+  // Copies n bytes between blocks on this device, at any offsets.
+  void copy(const DeviceBlock& src, size_t src_offset, DeviceBlock& dst, size_t dst_offset,
+            size_t n);
+  // Points `buf` (its type and dims already set) at `b` from byte `offset`; `h` must outlive the
+  // use of `buf`. False when the device cannot address that offset in place (an OpenCL sub-buffer
+  // must start at a multiple of the device's base address alignment).
+  bool bind(halide_buffer_t& buf, const DeviceBlock& b, size_t offset, DeviceHandle& h) const;
+  // Waits for the work queued on the device (Halide asks for a buffer there to know which).
+  void sync(halide_buffer_t& on_device);
+  // Measured bytes per second of host<->device copies (a prior until something was copied).
+  double bandwidth() const { return bandwidth_.load(std::memory_order_relaxed); }
+
+ private:
+  void transfer(halide_buffer_t& host_side, const DeviceBlock& b, bool to_device, size_t bytes);
+  Device device_;
+  const halide_device_interface_t* iface_;
+  uint64_t total_;
+  size_t align_;
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::vector<DeviceBlock*>> free_;
+  size_t cached_ = 0;
+  std::atomic<size_t> allocated_{0};
+  std::atomic<size_t> limit_;
+  std::atomic<double> bandwidth_{8e9};
+};
+
+// The memory of a GPU device that runs kernels in this build (opencl:0, cuda:0), or null.
+DeviceMemory* device_memory(const Device& d);
+// CL_DEVICE_MEM_BASE_ADDR_ALIGN of opencl:N, in bytes (device.cpp asks the driver).
+size_t opencl_offset_align(int index);
+
+}  // namespace opforge::detail

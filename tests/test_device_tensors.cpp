@@ -1,0 +1,198 @@
+// Tensors that live on a GPU device (opencl:0 on PoCL in every test run; cuda:0 on a machine with
+// an NVIDIA GPU): to_device and back, ops that run where their inputs live and leave results there,
+// views at any offset, host writes, soft device mode and the mixed-device error, and the caching
+// allocator with its out-of-memory error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "opforge/opforge.hpp"
+
+namespace {
+using namespace opforge;
+
+class GpuTensors : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    d_ = Device{GetParam() == "cuda" ? DeviceKind::cuda : DeviceKind::opencl, 0};
+    if (!device_exists(d_)) GTEST_SKIP() << "no " << d_.str() << " on this machine";
+  }
+  int64_t calls_on_device() const {
+    int64_t n = 0;
+    for (const auto& s : dispatch_stats())
+      if (s.device == d_) n += s.calls;
+    return n;
+  }
+  Device d_;
+};
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST_P(GpuTensors, ToDeviceAndBack) {
+  Generator g(3);
+  Tensor x = Tensor::randn({33, 65}, DType::Float32, g);
+  uint64_t before = memory_allocated(d_);
+  Tensor y = to_device(x, d_);
+  EXPECT_EQ(y.device(), d_);
+  EXPECT_EQ(x.device().kind, DeviceKind::cpu);
+  EXPECT_GE(memory_allocated(d_), before + 33 * 65 * 4);
+  EXPECT_EQ(y.to(d_).storage(), y.storage()) << "moving to where it lives is a no-op";
+  Tensor back = y.cpu();
+  EXPECT_EQ(back.device().kind, DeviceKind::cpu);
+  EXPECT_EQ(back.to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(y.to_vector<float>(), x.to_vector<float>()) << "host reads copy back";
+  // A non-contiguous view moves as its elements.
+  Tensor t = to_device(x.transpose(0, 1), d_);
+  EXPECT_EQ(t.shape(), (Shape{65, 33}));
+  EXPECT_EQ(t.to_vector<float>(), x.transpose(0, 1).contiguous().to_vector<float>());
+}
+
+TEST_P(GpuTensors, OpsRunWhereTheirInputsLiveAndLeaveResultsThere) {
+  Generator g(4);
+  Tensor a = Tensor::rand({64, 48}, DType::Float32, g),
+         b = Tensor::rand({48, 40}, DType::Float32, g);
+  Tensor c = Tensor::rand({64, 40}, DType::Float32, g);
+  Tensor ad = to_device(a, d_), bd = to_device(b, d_), cd = to_device(c, d_);
+  int64_t calls = calls_on_device();
+  Tensor r = relu(sub(matmul(ad, bd), mul(cd, 2.0)));  // no default device: inferred from inputs
+  Tensor s = sum(r, {1});
+  EXPECT_EQ(r.device(), d_);
+  EXPECT_EQ(s.device(), d_);
+  EXPECT_GE(calls_on_device() - calls, 5);
+  std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>(),
+                     cv = c.to_vector<float>();
+  std::vector<float> sv = s.to_vector<float>();
+  for (int i = 0; i < 64; i++) {
+    double row = 0;
+    for (int j = 0; j < 40; j++) {
+      double m = 0;
+      for (int k = 0; k < 48; k++) m += double(av[size_t(i * 48 + k)]) * bv[size_t(k * 40 + j)];
+      row += std::max(0.0, m - 2.0 * cv[size_t(i * 40 + j)]);
+    }
+    ASSERT_NEAR(sv[size_t(i)], row, 1e-4 * (1 + std::abs(row))) << i;
+  }
+}
+
+TEST_P(GpuTensors, ViewsAtAnyOffset) {
+  Generator g(5);
+  Tensor x = Tensor::rand({37, 64}, DType::Float32, g);
+  Tensor xd = to_device(x, d_);
+  // Offsets of 3 and 64 elements (12 and 256 bytes: below and a multiple of OpenCL's usual
+  // sub-buffer alignment), and a transposed view.
+  std::vector<std::function<Tensor(const Tensor&)>> views = {
+      [](const Tensor& t) { return t.slice(1, 3, 40); },
+      [](const Tensor& t) { return t.slice(0, 1, 36); },
+      [](const Tensor& t) { return t.slice(0, 2, 30).transpose(0, 1); }};
+  for (const auto& view : views) {
+    Tensor r = add(view(xd), 1.5);
+    EXPECT_EQ(r.device(), d_);
+    std::vector<double> rv = r.to_double_vector(), want = view(x).to_double_vector();
+    ASSERT_EQ(rv.size(), want.size());
+    for (size_t i = 0; i < want.size(); i++)
+      ASSERT_FLOAT_EQ(float(rv[i]), float(want[i] + 1.5)) << i;
+  }
+  // Writing into a view of a GPU tensor leaves the rest of it as it was.
+  Tensor dst = to_device(Tensor::full({10, 10}, -1.0), d_);
+  Tensor src = to_device(Tensor::rand({8, 7}, DType::Float32, g), d_);
+  copy_into(dst.slice(0, 1, 9).slice(1, 2, 9), src);
+  EXPECT_EQ(dst.device(), d_);
+  std::vector<float> dv = dst.to_vector<float>(), sv = src.to_vector<float>();
+  for (int i = 0; i < 10; i++)
+    for (int j = 0; j < 10; j++) {
+      bool inside = i >= 1 && i < 9 && j >= 2 && j < 9;
+      float want = inside ? sv[size_t((i - 1) * 7 + j - 2)] : -1.0f;
+      ASSERT_EQ(dv[size_t(i * 10 + j)], want) << i << "," << j;
+    }
+}
+
+TEST_P(GpuTensors, HostWritesAreSeenByTheNextGpuCall) {
+  Tensor y = to_device(Tensor::full({1000}, 1.0), d_);
+  y.data_ptr<float>()[7] = 42.0f;  // host write to a GPU tensor: its device copy goes stale
+  EXPECT_EQ(add(y, 0.0).to_vector<float>()[7], 42.0f);
+  // A host tensor a GPU call used is cached there; writing it on the host drops that copy.
+  Tensor x = Tensor::full({1000}, 2.0);
+  {
+    DefaultDevice scope(d_);
+    EXPECT_EQ(mul(x, 3.0).to_vector<float>()[5], 6.0f);
+    x.data_ptr<float>()[5] = 10.0f;
+    EXPECT_EQ(mul(x, 3.0).to_vector<float>()[5], 30.0f);
+  }
+  EXPECT_EQ(x.device().kind, DeviceKind::cpu);
+}
+
+TEST_P(GpuTensors, MixedDevicesAreAnErrorUnlessSoftModeMovesThem) {
+  Tensor a = to_device(Tensor::full({16}, 3.0), d_);
+  Tensor b = Tensor::full({16}, 4.0);
+  EXPECT_EQ(add(a, b).device(), d_) << "host tensors are moved to where the GPU input lives";
+  ASSERT_FALSE(soft_device_mode());
+  std::string err = message_of([&] {
+    DefaultDevice scope(Device{});
+    add(a, b);
+  });
+  EXPECT_NE(err.find(d_.str()), std::string::npos) << err;
+  EXPECT_NE(err.find("set_soft_device_mode(true)"), std::string::npos) << err;
+  set_soft_device_mode(true);
+  {
+    DefaultDevice scope(Device{});
+    Tensor c = add(a, b);
+    EXPECT_EQ(c.device().kind, DeviceKind::cpu) << "soft mode runs it on the default device";
+    EXPECT_EQ(c.to_vector<float>(), std::vector<float>(16, 7.0f));
+  }
+  set_soft_device_mode(false);
+}
+
+TEST_P(GpuTensors, TheAllocatorCachesAndRunsOutOfMemoryWithAClearError) {
+  synchronize();
+  empty_cache(d_);
+  uint64_t base = memory_allocated(d_);
+  EXPECT_EQ(memory_reserved(d_), base);
+  {
+    Tensor big = to_device(Tensor::ones({1 << 20}), d_);  // 4 MiB
+    EXPECT_GE(memory_allocated(d_), base + (4u << 20));
+    bool found = false;
+    for (const auto& s : device_stats())
+      if (s.device == d_) found = s.device_bytes == memory_allocated(d_);
+    EXPECT_TRUE(found) << "device_stats reports the allocator's bytes";
+  }
+  EXPECT_EQ(memory_allocated(d_), base);
+  EXPECT_GE(memory_reserved(d_), base + (4u << 20)) << "a freed block waits in the cache";
+  {
+    Tensor again = to_device(Tensor::ones({1 << 20}), d_);
+    EXPECT_EQ(memory_reserved(d_), memory_allocated(d_)) << "and is reused";
+  }
+  empty_cache(d_);
+  EXPECT_EQ(memory_reserved(d_), base);
+
+  double total = double(total_mem_on_dev(d_));
+  set_memory_fraction(d_, (double(base) + double(8u << 20)) / total);
+  std::string err = message_of([&] { to_device(Tensor::ones({16 << 20}), d_); });  // 64 MiB
+  set_memory_fraction(d_, 1.0);
+  EXPECT_NE(err.find(d_.str() + ": out of memory"), std::string::npos) << err;
+  EXPECT_NE(err.find(std::to_string(64u << 20) + " bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("held by tensors"), std::string::npos) << err;
+  EXPECT_EQ(to_device(Tensor::ones({16 << 20}), d_).device(), d_) << "fits again without the cap";
+  EXPECT_THROW(set_memory_fraction(d_, 1.5), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuTensors, ::testing::Values("opencl", "cuda"),
+                         [](const auto& info) { return info.param; });
+
+TEST(DeviceTensors, BadDevicesAreClearErrors) {
+  Tensor x = Tensor::ones({4});
+  EXPECT_NE(message_of([&] { to_device(x, "cuda:7"); }).find("cuda:7"), std::string::npos);
+  EXPECT_NE(message_of([&] { to_device(x, "gpu:x"); }).find("gpu:x"), std::string::npos);
+  EXPECT_NE(message_of([&] { memory_allocated(Device{}); }).find("holds no tensors"),
+            std::string::npos);
+  EXPECT_EQ(x.to(Device{}).storage(), x.storage());
+}
+
+}  // namespace
