@@ -196,3 +196,51 @@ TEST(DeviceTensors, BadDevicesAreClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// Runs where PoCL offers two devices (ctest sets POCL_DEVICES="pthread pthread").
+TEST(TwoOpenClDevices, EachRunsKernelsAndMixedInputsNeedSoftMode) {
+  const Device cl0{DeviceKind::opencl, 0}, cl1{DeviceKind::opencl, 1};
+  if (!device_exists(cl1)) GTEST_SKIP() << "one OpenCL device here";
+  Generator g(9);
+  Tensor x = Tensor::rand({300}, DType::Float32, g), y = Tensor::rand({300}, DType::Float32, g);
+  std::vector<float> xv = x.to_vector<float>(), yv = y.to_vector<float>();
+  Tensor x0 = to_device(x, cl0), y1 = to_device(y, cl1);
+  Tensor a = mul(x0, 2.0), b = mul(y1, 3.0);
+  EXPECT_EQ(a.device(), cl0);
+  EXPECT_EQ(b.device(), cl1);
+  std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  for (size_t i = 0; i < xv.size(); i++) {
+    ASSERT_FLOAT_EQ(av[i], 2 * xv[i]);
+    ASSERT_FLOAT_EQ(bv[i], 3 * yv[i]);
+  }
+  std::string err = message_of([&] { add(x0, y1); });
+  EXPECT_NE(err.find("inputs on opencl:0 and opencl:1"), std::string::npos) << err;
+  EXPECT_NE(err.find("soft device mode"), std::string::npos) << err;
+  err = message_of([&] {
+    DefaultDevice scope(cl1);
+    add(x0, x0);
+  });
+  EXPECT_NE(err.find("while the default device is opencl:1"), std::string::npos) << err;
+
+  set_soft_device_mode(true);
+  Tensor s;
+  {
+    DefaultDevice scope(cl1);
+    s = add(a, b);  // a moves from opencl:0 to opencl:1 (through the host)
+  }
+  Tensor h = add(a, b);  // no default device: the host (cpu)
+  set_soft_device_mode(false);
+  EXPECT_EQ(s.device(), cl1);
+  EXPECT_EQ(h.device().kind, DeviceKind::cpu);
+  std::vector<float> sv = s.to_vector<float>(), hv = h.to_vector<float>();
+  for (size_t i = 0; i < xv.size(); i++) {
+    ASSERT_FLOAT_EQ(sv[i], 2 * xv[i] + 3 * yv[i]) << i;
+    ASSERT_FLOAT_EQ(hv[i], 2 * xv[i] + 3 * yv[i]) << i;
+  }
+  EXPECT_GT(memory_allocated(cl0), 0u);
+  EXPECT_GT(memory_allocated(cl1), 0u);
+}
+
+}  // namespace

@@ -160,8 +160,9 @@ namespace {
 // Parallel loops of kernels called with a logical device's pool as user context run there; the
 // others (context null) use Halide's default pool.
 int do_par_for(void* ctx, halide_task_t f, int min, int size, uint8_t* closure) {
-  if (!ctx) return halide_default_do_par_for(ctx, f, min, size, closure);
-  return static_cast<CpuPool*>(ctx)->parallel_for(ctx, f, min, size, closure);
+  auto* u = static_cast<UserContext*>(ctx);
+  if (!u || !u->pool) return halide_default_do_par_for(ctx, f, min, size, closure);
+  return u->pool->parallel_for(ctx, f, min, size, closure);
 }
 }  // namespace
 

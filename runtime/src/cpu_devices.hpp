@@ -14,6 +14,15 @@
 
 namespace opforge::detail {
 
+class CpuPool;
+
+// The user context of every kernel call: the logical CPU device whose pool runs its parallel loops
+// (null: Halide's default pool) and, for OpenCL calls, which OpenCL device runs it.
+struct UserContext {
+  CpuPool* pool = nullptr;
+  int opencl = -1;
+};
+
 class CpuPool {
  public:
   explicit CpuPool(std::vector<int> cores);

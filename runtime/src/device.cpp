@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "cpu_devices.hpp"
-#include "device_memory.hpp"
+#include "gpu_devices.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
 
@@ -89,8 +89,9 @@ struct OpenCL {
   int (*device_ids)(void*, uint64_t, unsigned, void**, unsigned*) = nullptr;
   int (*device_info)(void*, unsigned, size_t, void*, size_t*) = nullptr;
   std::vector<void*> ids;
+  void* lib = nullptr;
   OpenCL() {
-    void* lib = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
+    lib = dlopen("libOpenCL.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return;
     platforms = reinterpret_cast<decltype(platforms)>(dlsym(lib, "clGetPlatformIDs"));
     device_ids = reinterpret_cast<decltype(device_ids)>(dlsym(lib, "clGetDeviceIDs"));
@@ -115,6 +116,15 @@ const OpenCL& opencl() {
   return o;
 }
 }  // namespace
+
+void* detail::opencl_device_id(int index) {
+  const OpenCL& cl = opencl();
+  return index >= 0 && size_t(index) < cl.ids.size() ? cl.ids[size_t(index)] : nullptr;
+}
+
+void* detail::opencl_function(const char* name) {
+  return opencl().lib ? dlsym(opencl().lib, name) : nullptr;
+}
 
 size_t detail::opencl_offset_align(int index) {
   const OpenCL& cl = opencl();

@@ -17,8 +17,8 @@
 #include <unordered_map>
 
 #include "cpu_devices.hpp"
-#include "device_memory.hpp"
 #include "device_queue.hpp"
+#include "gpu_devices.hpp"
 #include "kernel_call.hpp"
 #include "opforge/error.hpp"
 #include "storage.hpp"
@@ -76,6 +76,8 @@ struct ExecDevice {
   std::atomic<int64_t> busy_ns{0};        // time spent running its queued calls
   std::atomic<int64_t> running_since{0};  // steady-clock ns when the running call began; 0: idle
   detail::DeviceMemory* mem = nullptr;    // GPU devices: their memory
+  detail::UserContext cpu_context;        // logical CPU devices: routes parallel loops to the pool
+  void* user_context = nullptr;           // what its kernel calls get (null: the plain cpu)
 };
 
 struct CallStats {
@@ -132,6 +134,8 @@ struct State {
       auto d = std::make_unique<ExecDevice>();
       d->device = {DeviceKind::cpu, int(i)};
       d->pool = pools[i].get();
+      d->cpu_context.pool = d->pool;
+      d->user_context = &d->cpu_context;
       d->queue = std::make_unique<detail::DeviceQueue>(int(i), pools[i]->cores());
       detail::CpuPool* pool = d->pool;
       int queue_tid = d->queue->thread_id();
@@ -146,13 +150,14 @@ struct State {
     // host's load.
     for (const DeviceInfo& info : opforge::devices()) {
       if (info.device.kind == DeviceKind::cpu) continue;
-      // Halide's runtime drives one device per API and process: opencl:0, cuda:0, and only where
-      // this build has their kernels.
+      // Devices whose memory the runtime manages: every OpenCL device, cuda:0 (Halide's CUDA
+      // runtime drives one GPU per process), and only where this build has their kernels.
       detail::DeviceMemory* mem = detail::device_memory(info.device);
       if (!mem) continue;
       auto d = std::make_unique<ExecDevice>();
       d->device = info.device;
       d->mem = mem;
+      d->user_context = mem->user_context();
       d->in_auto = !info.shares_cpu_cores;
       d->queue = std::make_unique<detail::DeviceQueue>(int(devices.size()), std::vector<int>{});
       if (info.shares_cpu_cores) d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
@@ -245,8 +250,8 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
   for (size_t i = 0; i < s.devices.size(); i++)
     if (s.devices[i]->device == d) return int(i);
   throw Error(op + ": " + d.str() +
-              " runs no kernels in this build (Halide drives opencl:0 and cuda:0); run it on a "
-              "cpu device");
+              " runs no kernels in this build (Halide's CUDA runtime drives cuda:0 only); run it "
+              "on another device");
 }
 
 bool pinned() { return default_device_is_set(); }
@@ -605,7 +610,7 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   std::vector<int> devs = {pinned() ? exec_index(s, default_device(), g.op->name) : 0};
   Clock clock;
   Decision d = choose(s, g, ext, devs, clock);
-  if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->pool;
+  if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->user_context;
   double seconds = 0;
   std::string err = run_inline(s, g, d, args, clock, seconds);
   if (!err.empty()) {
@@ -629,7 +634,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   const std::vector<int>& devs = candidate_devices(s, g.op->name, args, home);
   Decision d = choose(s, g, ext, devs, clock, deps, &args);
   ExecDevice& dev = *s.devices[size_t(d.device)];
-  args.set_context(dev.pool);
+  args.set_context(dev.user_context);
   if (home.kind != DeviceKind::cpu) args.storage(last)->adopt_home(home);
 
   if (!dev.queue) {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "device_memory.hpp"
+#include "gpu_devices.hpp"
 #include "storage.hpp"
 
 namespace opforge::detail {

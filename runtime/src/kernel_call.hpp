@@ -7,7 +7,7 @@
 #include <array>
 #include <memory>
 
-#include "device_memory.hpp"
+#include "gpu_devices.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/ops.hpp"
@@ -67,7 +67,7 @@ View view_of(const Tensor& t);
 View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
 
 // The arguments of one kernel call, in the generated kernel's order. Argument 0 is its Halide user
-// context (the logical CPU device whose thread pool runs its parallel loops), set by launch().
+// context (a UserContext: the logical CPU device's pool, the OpenCL device), set by launch().
 // Buffers are the inputs in order, then the output, which is always last. The object may be moved
 // into a device queue: argv() builds the pointer array where the object finally lives.
 class KernelArgs {

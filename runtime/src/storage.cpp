@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device_memory.hpp"
+#include "gpu_devices.hpp"
 #include "opforge/error.hpp"
 
 namespace opforge {

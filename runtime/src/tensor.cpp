@@ -8,7 +8,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "device_memory.hpp"
+#include "gpu_devices.hpp"
 #include "opforge/ops.hpp"
 #include "storage.hpp"
 

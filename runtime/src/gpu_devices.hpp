@@ -1,7 +1,8 @@
-// GPU memory behind tensors. One caching allocator per GPU device: freed blocks wait by size class
-// for reuse, and an allocation that fails empties the cache and retries before it raises an
-// OutOfMemoryError naming the device, the request and what is in use. Also the copies between host
-// and device, and the Halide device handles that point a kernel argument at any byte of a block.
+// GPU devices as the runtime drives them. The memory behind GPU tensors: one caching allocator per
+// device (freed blocks wait by size class for reuse; an allocation that fails empties the cache and
+// retries before it raises an OutOfMemoryError naming the device, the request and what is in use),
+// the copies between host and device, and the Halide device handles that point a kernel argument at
+// any byte of a block. Each OpenCL device also gets its own context (gpu_devices.cpp).
 #pragma once
 #include <HalideRuntime.h>
 
@@ -12,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_devices.hpp"
 #include "opforge/device.hpp"
 
 namespace opforge::detail {
@@ -39,6 +41,8 @@ class DeviceMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   const Device& device() const { return device_; }
+  // The user context of Halide calls for this device (it selects the OpenCL device).
+  UserContext* user_context() { return &context_; }
   DeviceBlock* allocate(size_t bytes);
   void release(DeviceBlock* b);
   void empty_cache();
@@ -65,6 +69,7 @@ class DeviceMemory {
  private:
   void transfer(halide_buffer_t& host_side, const DeviceBlock& b, bool to_device, size_t bytes);
   Device device_;
+  UserContext context_;
   const halide_device_interface_t* iface_;
   uint64_t total_;
   size_t align_;
@@ -78,7 +83,10 @@ class DeviceMemory {
 
 // The memory of a GPU device that runs kernels in this build (opencl:0, cuda:0), or null.
 DeviceMemory* device_memory(const Device& d);
-// CL_DEVICE_MEM_BASE_ADDR_ALIGN of opencl:N, in bytes (device.cpp asks the driver).
+// The OpenCL driver, as device.cpp opened it: CL_DEVICE_MEM_BASE_ADDR_ALIGN of opencl:N in bytes,
+// the cl_device_id behind opencl:N (null if none), an entry point by name (null if absent).
 size_t opencl_offset_align(int index);
+void* opencl_device_id(int index);
+void* opencl_function(const char* name);
 
 }  // namespace opforge::detail

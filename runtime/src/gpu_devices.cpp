@@ -1,13 +1,20 @@
-// The per-device caching allocator and the copies, through Halide's device interface: the same
-// code serves OpenCL and CUDA, and the kernels Halide generated take the blocks as they are.
-#include "device_memory.hpp"
+// GPU devices: the per-device caching allocator and the copies, through Halide's device interface
+// (the same code serves OpenCL and CUDA, and the kernels Halide generated take the blocks as they
+// are), and one OpenCL context and command queue per OpenCL device. Halide's OpenCL runtime asks
+// for its context through halide_acquire_cl_context, whose weak default serves one device per
+// process; the definition here replaces it and takes the device from the call's user context
+// (UserContext::opencl), so that opencl:0, opencl:1, ... all run kernels and hold tensors. (It
+// lives in this file because the linker must load it: nothing else would pull it from the archive.)
+#include "gpu_devices.hpp"
 
 #include <HalideRuntimeOpenCL.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernel_call.hpp"
 #include "opforge/error.hpp"
@@ -48,6 +55,7 @@ DeviceMemory::DeviceMemory(const Device& d, const halide_device_interface_t* ifa
                            size_t offset_align)
     : device_(d), iface_(iface), total_(total), align_(offset_align), limit_(total) {
   if (d.kind != DeviceKind::opencl) return;
+  context_.opencl = d.index;
   // bind() builds Halide's OpenCL handle itself: make sure the layout is the one it expects.
   DeviceHandle h{24, 0x1230};
   halide_buffer_t probe{};
@@ -77,7 +85,7 @@ DeviceBlock* DeviceMemory::allocate(size_t bytes) {
   auto try_malloc = [&] {
     if (allocated_ + cap > limit_) return false;
     take_halide_error();
-    return halide_device_malloc(nullptr, &b->buf, iface_) == 0;
+    return halide_device_malloc(&context_, &b->buf, iface_) == 0;
   };
   if (!try_malloc()) {
     empty_cache();
@@ -112,7 +120,7 @@ void DeviceMemory::empty_cache() {
   }
   for (auto& [cap, list] : blocks)
     for (DeviceBlock* b : list) {
-      halide_device_free(nullptr, &b->buf);
+      halide_device_free(&context_, &b->buf);
       delete b;
     }
 }
@@ -151,10 +159,10 @@ void DeviceMemory::transfer(halide_buffer_t& hb, const DeviceBlock& b, bool to_d
   int rc;
   if (to_device) {
     hb.set_host_dirty(true);
-    rc = halide_copy_to_device(nullptr, &hb, iface_);
+    rc = halide_copy_to_device(&context_, &hb, iface_);
   } else {
     hb.set_device_dirty(true);
-    rc = halide_copy_to_host(nullptr, &hb);
+    rc = halide_copy_to_host(&context_, &hb);
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   OPFORGE_CHECK(rc == 0) << device_.str() << ": copying " << bytes << " bytes "
@@ -199,14 +207,14 @@ void DeviceMemory::copy(const DeviceBlock& src, size_t src_offset, DeviceBlock& 
   d.device = cl ? reinterpret_cast<uint64_t>(&dh) : dst.raw + dst_offset;
   s.device_interface = d.device_interface = iface_;
   take_halide_error();
-  OPFORGE_CHECK(halide_buffer_copy(nullptr, &s, iface_, &d) == 0)
+  OPFORGE_CHECK(halide_buffer_copy(&context_, &s, iface_, &d) == 0)
       << device_.str() << ": copying " << n
       << " bytes on the device failed: " << take_halide_error();
 }
 
 void DeviceMemory::sync(halide_buffer_t& on_device) {
   take_halide_error();
-  OPFORGE_CHECK(halide_device_sync(nullptr, &on_device) == 0)
+  OPFORGE_CHECK(halide_device_sync(&context_, &on_device) == 0)
       << device_.str() << ": waiting for the device failed: " << take_halide_error();
 }
 
@@ -215,11 +223,13 @@ DeviceMemory* device_memory(const Device& d) {
   static auto* table = [] {
     auto* t = new std::vector<std::unique_ptr<DeviceMemory>>;
     for (const DeviceInfo& info : devices()) {
-      // Halide's runtime drives one device per API and process: opencl:0, cuda:0.
-      if (info.device.index != 0) continue;
+      // Every OpenCL device has its own context (opencl_contexts.cpp); Halide's CUDA runtime
+      // drives one GPU per process: cuda:0.
       if (info.device.kind == DeviceKind::opencl)
         t->push_back(std::make_unique<DeviceMemory>(info.device, halide_opencl_device_interface(),
-                                                    info.total_memory, opencl_offset_align(0)));
+                                                    info.total_memory,
+                                                    opencl_offset_align(info.device.index)));
+      if (info.device.index != 0) continue;
 #ifdef OPFORGE_HAVE_CUDA_KERNELS
       if (info.device.kind == DeviceKind::cuda)
         t->push_back(std::make_unique<DeviceMemory>(info.device, halide_cuda_device_interface(),
@@ -235,3 +245,79 @@ DeviceMemory* device_memory(const Device& d) {
 }
 
 }  // namespace opforge::detail
+
+namespace opforge::detail {
+namespace {
+
+struct ClDevice {
+  std::mutex mu;  // held from acquire to release, as Halide expects
+  void* context = nullptr;
+  void* queue = nullptr;
+};
+
+// Never destroyed: Halide's own clean-up acquires the context at exit.
+std::vector<std::unique_ptr<ClDevice>>& cl_devices() {
+  static auto* devs = [] {
+    auto* v = new std::vector<std::unique_ptr<ClDevice>>;
+    for (int i = 0; opencl_device_id(i); i++) v->push_back(std::make_unique<ClDevice>());
+    return v;
+  }();
+  return *devs;
+}
+
+size_t index_of(void* user_context) {
+  auto* u = static_cast<UserContext*>(user_context);
+  return u && u->opencl > 0 ? size_t(u->opencl) : 0;
+}
+
+constexpr int kClDeviceNotFound = -1;
+
+int create(ClDevice& d, size_t index) {
+  using CreateContext = void* (*)(const intptr_t*, unsigned, void* const*, void*, void*, int*);
+  using CreateQueue = void* (*)(void*, void*, uint64_t, int*);
+  using Release = int (*)(void*);
+  auto create_context = reinterpret_cast<CreateContext>(opencl_function("clCreateContext"));
+  auto create_queue = reinterpret_cast<CreateQueue>(opencl_function("clCreateCommandQueue"));
+  auto release_context = reinterpret_cast<Release>(opencl_function("clReleaseContext"));
+  void* id = opencl_device_id(int(index));
+  if (!create_context || !create_queue || !release_context || !id) return kClDeviceNotFound;
+  int err = 0;
+  void* context = create_context(nullptr, 1, &id, nullptr, nullptr, &err);
+  if (err != 0) return err;
+  void* queue = create_queue(context, id, 0, &err);
+  if (err != 0) {
+    release_context(context);
+    return err;
+  }
+  d.context = context;
+  d.queue = queue;
+  return 0;
+}
+
+}  // namespace
+}  // namespace opforge::detail
+
+extern "C" int halide_acquire_cl_context(void* user_context, void** ctx, void** q, bool create) {
+  using namespace opforge::detail;
+  size_t i = index_of(user_context);
+  auto& devs = cl_devices();
+  if (i >= devs.size()) return kClDeviceNotFound;
+  ClDevice& d = *devs[i];
+  d.mu.lock();
+  if (!d.context && create)
+    if (int err = opforge::detail::create(d, i); err != 0) {
+      d.mu.unlock();
+      return err;
+    }
+  *ctx = d.context;
+  *q = d.queue;
+  return 0;
+}
+
+extern "C" int halide_release_cl_context(void* user_context) {
+  using namespace opforge::detail;
+  size_t i = index_of(user_context);
+  auto& devs = cl_devices();
+  if (i < devs.size()) devs[i]->mu.unlock();
+  return 0;
+}
