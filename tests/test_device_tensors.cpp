@@ -114,6 +114,30 @@ TEST_P(GpuTensors, ViewsAtAnyOffset) {
     }
 }
 
+TEST_P(GpuTensors, AStridedOutputSpanningItsStorageKeepsTheElementsItSkips) {
+  // Columns 0 and 2 of a 3x3 host tensor: the view starts at byte 0 and ends at the last byte.
+  Tensor x = Tensor::zeros({3, 3});
+  Tensor y = to_device(Tensor::ones({3, 2}), d_);
+  copy_into(x.slice(1, 0, 3, 2), y);
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{1, 0, 1, 1, 0, 1, 1, 0, 1}));
+}
+
+TEST_P(GpuTensors, EmptyAndConstantResultsStayOnTheDevice) {
+  Tensor e = to_device(Tensor::empty({0, 3}), d_);
+  EXPECT_EQ(relu(e).device(), d_);
+  Tensor s = sum(e, {0});
+  EXPECT_EQ(s.device(), d_);
+  EXPECT_EQ(s.to_vector<float>(), std::vector<float>(3, 0.0f));
+}
+
+TEST_P(GpuTensors, CopiesBackWhateverTheDefaultDevice) {
+  Tensor x = Tensor::rand({5, 7});
+  Tensor t = to_device(x, d_).transpose(0, 1);  // not contiguous: the copy runs on the device
+  DefaultDevice scope(Device{});
+  EXPECT_EQ(t.cpu().to_vector<float>(), x.transpose(0, 1).contiguous().to_vector<float>());
+  EXPECT_EQ(t.to_vector<float>(), x.transpose(0, 1).contiguous().to_vector<float>());
+}
+
 TEST_P(GpuTensors, HostWritesAreSeenByTheNextGpuCall) {
   Tensor y = to_device(Tensor::full({1000}, 1.0), d_);
   y.data_ptr<float>()[7] = 42.0f;  // host write to a GPU tensor: its device copy goes stale
@@ -216,13 +240,16 @@ TEST(TwoOpenClDevices, EachRunsKernelsAndMixedInputsNeedSoftMode) {
     ASSERT_FLOAT_EQ(bv[i], 3 * yv[i]);
   }
   std::string err = message_of([&] { add(x0, y1); });
-  EXPECT_NE(err.find("inputs on opencl:0 and opencl:1"), std::string::npos) << err;
+  EXPECT_NE(err.find("tensors on opencl:0 and opencl:1"), std::string::npos) << err;
   EXPECT_NE(err.find("soft device mode"), std::string::npos) << err;
   err = message_of([&] {
     DefaultDevice scope(cl1);
     add(x0, x0);
   });
   EXPECT_NE(err.find("while the default device is opencl:1"), std::string::npos) << err;
+  err = message_of([&] { copy_into(to_device(Tensor::zeros({300}), cl1), x0); });
+  EXPECT_NE(err.find("tensors on opencl:0 and opencl:1"), std::string::npos)
+      << "writing into a tensor on another device is mixed too: " << err;
 
   set_soft_device_mode(true);
   Tensor s;

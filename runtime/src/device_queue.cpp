@@ -80,7 +80,8 @@ void DeviceQueue::worker() {
       running_ = true;
     }
     space_.notify_one();
-    task();  // tasks report their own errors through their events
+    task();          // tasks report their own errors through their events
+    task = nullptr;  // what it holds (tensors, device blocks) goes before drain() returns
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;

@@ -256,10 +256,10 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
 
 bool pinned() { return default_device_is_set(); }
 
-// The devices a call may run on (a per-thread list, valid until the next call). Inputs that live
-// on a GPU device pin the call there (device inference); inputs on two GPU devices, or on one other
-// than the default device, are an error unless soft device mode moves them to the default device.
-// `home`: where the output lives (the GPU device the call is pinned to, else the host).
+// The devices a call may run on (a per-thread list, valid until the next call). Tensors that live
+// on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
+// other than the default device, are an error unless soft device mode moves them to the default
+// device. `home`: where the output lives (the GPU device the call is pinned to, else the host).
 const std::vector<int>& candidate_devices(State& s, const std::string& op,
                                           const detail::KernelArgs& args, Device& home) {
   thread_local std::vector<int> devs;
@@ -268,18 +268,19 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op,
   int n = int(s.devices.size());
   std::optional<Device> gpu;
   std::string conflict;
-  for (int b = 0; b + 1 < args.num_buffers(); b++) {
+  // The output counts too: writing into a GPU tensor is a call on its device.
+  for (int b = 0; b < args.num_buffers(); b++) {
     const auto& st = args.storage(b);
     if (!st || !st->on_gpus()) continue;
     Device h = st->home();
     if (h.kind == DeviceKind::cpu || (gpu && h == *gpu)) continue;
-    if (gpu && conflict.empty()) conflict = "inputs on " + gpu->str() + " and " + h.str();
+    if (gpu && conflict.empty()) conflict = "tensors on " + gpu->str() + " and " + h.str();
     if (!gpu) gpu = h;
   }
   if (gpu) {
     Device target = pinned() ? default_device() : *gpu;
     if (conflict.empty() && !(target == *gpu))
-      conflict = "an input on " + gpu->str() + " while the default device is " + target.str();
+      conflict = "a tensor on " + gpu->str() + " while the default device is " + target.str();
     if (!conflict.empty()) {
       if (!soft_device_mode())
         throw Error(op + ": " + conflict +
@@ -450,7 +451,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
   if (!dev.mem) {
     try {
       args.prepare_host();
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       return g.op->name + ": " + e.what();
     }
     err = run_kernel(s, g, d, argv);
@@ -466,12 +467,12 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
       dev.mem->sync(*args.halide_buffer(args.num_buffers() - 1));
       ran = true;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     err = g.op->name + ": " + e.what();
   }
   try {
     args.device_done(*dev.mem, ran);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     if (err.empty()) err = g.op->name + ": " + e.what();
   }
   seconds = now_seconds(clock) - t0;
@@ -644,7 +645,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     if (err.empty()) {
       try {
         args.prepare_host();
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         err = g.op->name + ": " + e.what();
       }
     }

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernel_call.hpp"
@@ -251,6 +252,8 @@ namespace {
 
 struct ClDevice {
   std::mutex mu;  // held from acquire to release, as Halide expects
+  // Who holds `mu`: Halide calls release after a failed acquire on some paths and not on others.
+  std::atomic<std::thread::id> owner{};
   void* context = nullptr;
   void* queue = nullptr;
 };
@@ -309,6 +312,7 @@ extern "C" int halide_acquire_cl_context(void* user_context, void** ctx, void** 
       d.mu.unlock();
       return err;
     }
+  d.owner = std::this_thread::get_id();
   *ctx = d.context;
   *q = d.queue;
   return 0;
@@ -318,6 +322,8 @@ extern "C" int halide_release_cl_context(void* user_context) {
   using namespace opforge::detail;
   size_t i = index_of(user_context);
   auto& devs = cl_devices();
-  if (i < devs.size()) devs[i]->mu.unlock();
+  if (i >= devs.size() || devs[i]->owner != std::this_thread::get_id()) return 0;
+  devs[i]->owner = std::thread::id{};
+  devs[i]->mu.unlock();
   return 0;
 }

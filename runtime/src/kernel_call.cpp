@@ -13,7 +13,7 @@ namespace opforge::detail {
 void* address(const Tensor& t) {
   OPFORGE_CHECK(t.defined()) << "tensor is undefined (default-constructed)";
   // A GPU tensor has no host memory until the host reads it: host kernels get theirs at run time.
-  char* base = static_cast<char*>(t.storage()->ptr);
+  char* base = static_cast<char*>(t.storage()->ptr.load(std::memory_order_relaxed));
   return base ? base + t.offset() * int64_t(t.element_size()) : nullptr;
 }
 
@@ -117,8 +117,10 @@ void KernelArgs::prepare_device(DeviceMemory& mem) {
     Storage* st = storages_[size_t(b)].get();
     halide_buffer_t& hb = bufs_[size_t(b)].b;
     size_t span = hb.size_in_bytes(), off = offsets_[size_t(b)];
-    // An output that covers its whole storage, which no input shares, needs nothing copied there.
-    bool overwrite = b == last && off == 0 && span == st->bytes;
+    // An output that densely covers its whole storage, which no input shares, needs nothing
+    // copied there first.
+    bool overwrite = b == last && off == 0 && span == st->bytes &&
+                     size_t(hb.number_of_elements()) * hb.type.bytes() == span;
     for (int i = 0; overwrite && i < last; i++) overwrite = storages_[size_t(i)].get() != st;
     DeviceBlock& block = st->device_current(mem, overwrite);
     hb.host = nullptr;
@@ -134,15 +136,28 @@ void KernelArgs::prepare_device(DeviceMemory& mem) {
 void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
   int last = nb_ - 1;
   Storage* out = storages_[size_t(last)].get();
-  if (DeviceBlock* dense = staged_[size_t(last)]; dense && ran)
-    mem.copy(*dense, 0, out->device_current(mem, false), offsets_[size_t(last)],
-             bufs_[size_t(last)].b.size_in_bytes());
-  if (ran) out->device_written(mem);
-  for (auto& dense : staged_)
-    if (dense) {
-      mem.release(dense);
-      dense = nullptr;
-    }
+  auto release_staged = [&] {
+    for (auto& dense : staged_)
+      if (dense) {
+        mem.release(dense);
+        dense = nullptr;
+      }
+  };
+  try {
+    if (DeviceBlock* dense = staged_[size_t(last)]; dense && ran)
+      mem.copy(*dense, 0, out->device_current(mem, false), offsets_[size_t(last)],
+               bufs_[size_t(last)].b.size_in_bytes());
+  } catch (...) {
+    release_staged();
+    out->device_failed(mem);
+    throw;
+  }
+  release_staged();
+  // A failed call may have written part of the device copy: only the host's is trustworthy.
+  if (ran)
+    out->device_written(mem);
+  else
+    out->device_failed(mem);
 }
 
 void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
@@ -255,6 +270,12 @@ CallExtents extents(std::initializer_list<int64_t> e) {
   CallExtents c;
   for (auto x : e) c.e[c.n++] = x;
   return c;
+}
+
+Tensor place_like(const Tensor& out, const std::vector<Tensor>& inputs) {
+  for (const Tensor& in : inputs)
+    if (in.defined() && in.device().kind != DeviceKind::cpu) return out.to(in.device());
+  return out;
 }
 
 int wrap_axis(const char* op, int axis, int rank) {

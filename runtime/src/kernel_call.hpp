@@ -134,4 +134,8 @@ CallExtents extents(std::initializer_list<int64_t> e);
 
 int wrap_axis(const char* op, int axis, int rank);
 
+// A result made without a kernel (empty, or a constant) goes where a kernel's would have: to the
+// GPU device an input lives on, if any.
+Tensor place_like(const Tensor& out, const std::vector<Tensor>& inputs);
+
 }  // namespace opforge::detail

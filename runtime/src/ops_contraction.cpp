@@ -117,8 +117,8 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
       << shape_str({M, N});
   Tensor ce = c.expand({M, N});
   Tensor out = Tensor::empty({M, N}, g.out_dtype);
-  if (out.numel() == 0) return out;
-  if (K == 0) return mul(ce.contiguous(), beta);
+  if (out.numel() == 0) return place_like(out, {a, b, c});
+  if (K == 0) return place_like(mul(ce.contiguous(), beta), {a, b, c});
   KernelArgs args;
   args.buffer(matrix_view(a, 1));
   args.buffer(matrix_view(b, 1));

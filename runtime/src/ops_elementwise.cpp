@@ -39,7 +39,7 @@ Tensor run_elementwise(const OpInfo& op, std::vector<Tensor> in, const AttrValue
   }
   Shape shape = broadcast_shapes(op.name.c_str(), in);
   Tensor out = Tensor::empty(shape, g.out_dtype);
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return place_like(out, in);
 
   std::vector<Tensor> expanded;
   std::vector<const Shape*> strides;

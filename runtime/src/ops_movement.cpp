@@ -117,7 +117,7 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   Shape s = x.shape();
   s[ax] = idx.numel();
   Tensor out = Tensor::empty(s, x.dtype());
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return place_like(out, {x, index});
   const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
   KernelArgs args;
   args.buffer(dense_view(x, {inner, n, outer}));

@@ -100,12 +100,12 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
       inner *= x.shape()[d];
   }
   Tensor out = Tensor::empty(out_shape, g.out_dtype);
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return place_like(out, {x});
   if (reduced == 0) {
     double v;
     OPFORGE_CHECK(empty_reduction_value(op.name, v))
         << name << ": cannot reduce over an empty axis (size 0): the op has no identity value";
-    return Tensor::full(out_shape, v, g.out_dtype);
+    return place_like(Tensor::full(out_shape, v, g.out_dtype), {x});
   }
   KernelArgs args;
   args.buffer(dense_view(x, {inner, reduced, outer}));

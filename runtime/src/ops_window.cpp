@@ -43,7 +43,7 @@ Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool a
   int64_t OH = out_size(name, H, o.kernel[0], stride[0], o.padding[0], 1, "height");
   int64_t OW = out_size(name, W, o.kernel[1], stride[1], o.padding[1], 1, "width");
   Tensor out = Tensor::empty({N, C, OH, OW}, g.out_dtype);
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
   args.buffer(view_of(x));
   AttrValues attrs = {double(o.kernel[0]), double(o.kernel[1]),  double(stride[0]),
@@ -88,7 +88,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
   OPFORGE_CHECK(bias.dim() == 1 && bias.size(0) == OC)
       << "conv2d: bias has shape " << shape_str(bias.shape()) << ", expected [" << OC << "]";
   Tensor out = Tensor::empty({N, OC, OH, OW}, g.out_dtype);
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
   args.buffer(view_of(x));
   args.buffer(view_of(w));

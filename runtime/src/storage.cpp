@@ -93,7 +93,7 @@ size_t detail::size_class(size_t bytes) {
 
 Storage::~Storage() {
   for (const Copy& c : copies_) c.mem->release(c.block);
-  if (ptr) host_free(ptr, capacity);
+  if (void* p = ptr.load()) host_free(p, capacity);
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
@@ -113,10 +113,11 @@ Device Storage::home() const {
 bool Storage::adopt_home(const Device& d) {
   std::lock_guard<std::mutex> lock(data_mu_);
   if (home_ == d) return true;
-  if (written_.load(std::memory_order_acquire)) return false;
+  // A queued call may still read its host block.
+  if (written_.load(std::memory_order_acquire) || tracked_.load(std::memory_order_acquire))
+    return false;
   home_ = d;
-  if (ptr) host_free(ptr, capacity);
-  ptr = nullptr;
+  if (void* p = ptr.exchange(nullptr)) host_free(p, capacity);
   host_valid_ = false;
   on_gpus_.store(true, std::memory_order_release);
   return true;
@@ -129,7 +130,7 @@ Storage::Copy* Storage::copy_on(const detail::DeviceMemory* mem) {
 }
 
 void* Storage::host_block() {
-  if (!ptr) {
+  if (!ptr.load()) {
     capacity = detail::size_class(bytes);
     ptr = host_alloc(capacity);
   }
@@ -182,6 +183,19 @@ detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool ove
   if (host_valid_ && ptr) mem.upload(*mine->block, ptr, bytes);
   mine->valid = true;
   return *mine->block;
+}
+
+void Storage::device_failed(detail::DeviceMemory& mem) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  Copy* mine = copy_on(&mem);
+  if (!mine || !mine->valid) return;
+  mine->valid = false;
+  bool any = host_valid_;
+  for (const Copy& c : copies_) any = any || c.valid;
+  if (!any) {  // it was the only copy: keep what the host has (its contents are lost either way)
+    host_block();
+    host_valid_ = true;
+  }
 }
 
 void Storage::device_written(detail::DeviceMemory& mem) {

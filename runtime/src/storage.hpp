@@ -24,7 +24,8 @@ size_t size_class(size_t bytes);
 }  // namespace detail
 
 struct Storage {
-  void* ptr = nullptr;  // host memory; null for a GPU tensor the host has not read
+  // Host memory; null for a GPU tensor the host has not read (set by a worker, read by launch()).
+  std::atomic<void*> ptr{nullptr};
   size_t bytes = 0;     // requested
   size_t capacity = 0;  // of the host block, a size class
   ~Storage();
@@ -34,7 +35,7 @@ struct Storage {
   // Where the tensor lives: a CPU device (host memory) or a GPU device.
   Device home() const;
   // A new output of a call that runs on GPU device `d` lives there: gives back its host block.
-  // Only a storage nothing has written yet moves; returns whether it did.
+  // Only a storage no call has used and nothing has written moves; returns whether it did.
   bool adopt_home(const Device& d);
   // Any GPU copy was ever made: until then the host copy is the only one and nothing below is
   // needed (the common, CPU-only case costs one atomic load).
@@ -48,6 +49,8 @@ struct Storage {
   detail::DeviceBlock& device_current(detail::DeviceMemory& mem, bool overwrite);
   // A call on `mem` wrote its copy: every other copy is stale.
   void device_written(detail::DeviceMemory& mem);
+  // A call on `mem` that may have written part of its copy failed: that copy is stale.
+  void device_failed(detail::DeviceMemory& mem);
   // Bytes a call on `mem` (null: the host) must copy before it can read this storage.
   size_t stale_bytes(const detail::DeviceMemory* mem) const;
 

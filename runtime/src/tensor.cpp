@@ -230,9 +230,10 @@ Tensor Tensor::to(const Device& d) const {
     return out;
   }
   detail::DeviceMemory* mem = detail::device_memory(d);
-  OPFORGE_CHECK(mem) << "to: " << d.str()
-                     << " holds no tensors in this build (Halide drives opencl:0 and cuda:0)";
-  Tensor c = contiguous();
+  OPFORGE_CHECK(mem)
+      << "to: " << d.str()
+      << " holds no tensors in this build (Halide's CUDA runtime drives cuda:0 only)";
+  Tensor c = contiguous_where_it_lives();
   const void* src = bytes ? c.const_data() : nullptr;
   Tensor out = empty(shape_, dtype_);
   Storage& st = *out.storage();
@@ -240,6 +241,14 @@ Tensor Tensor::to(const Device& d) const {
   mem->upload(st.device_current(*mem, true), src, bytes);
   st.device_written(*mem);
   return out;
+}
+
+Tensor Tensor::contiguous_where_it_lives() const {
+  Device here = device();
+  if (here.kind == DeviceKind::cpu) return contiguous();
+  // A GPU tensor's copy runs on its GPU whatever the default device.
+  DefaultDevice scope(here);
+  return contiguous();
 }
 
 Tensor to_device(const Tensor& t, const Device& d) { return t.to(d); }
@@ -440,7 +449,7 @@ void Tensor::copy_to_host(void* dst, size_t bytes) const {
     std::memcpy(dst, const_data(), need);
     return;
   }
-  Tensor c = contiguous();
+  Tensor c = contiguous_where_it_lives();
   std::memcpy(dst, c.const_data(), need);
 }
 

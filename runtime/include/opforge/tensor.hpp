@@ -83,8 +83,8 @@ class Tensor {
   // Where the tensor lives: cpu (host memory) or the GPU device it was moved to or computed on.
   Device device() const;
   // Address of element [0, ..., 0] in host memory, current once pending work is done. The caller
-  // may write through it, so copies on GPU devices are dropped (a GPU tensor stays there and is
-  // copied back when a GPU call next reads it).
+  // may write through it until the next op call that uses the tensor, so copies on GPU devices are
+  // dropped (a GPU tensor stays there and is copied back when a GPU call next reads it).
   void* data() const;
   // The same address, for reading only: copies on GPU devices stay valid (PyTorch's
   // const_data_ptr).
@@ -137,6 +137,7 @@ class Tensor {
 
  private:
   void check_type(DType t) const;
+  Tensor contiguous_where_it_lives() const;
   std::shared_ptr<Storage> storage_;
   DType dtype_ = DType::Float32;
   Shape shape_, strides_;
