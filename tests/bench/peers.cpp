@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cublas.hpp"
+#include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/ops.hpp"
 #include "opforge/registry.hpp"
@@ -135,6 +137,13 @@ BenchResult make_result(const std::string& name, const std::string& unit, double
   return r;
 }
 
+// Times both sides and reports their GFLOP/s for `flop` operations per call.
+BenchResult gflops_result(const std::string& name, double flop, const Fn& ours,
+                          const std::string& peer_name, const Fn& peer, const BenchOptions& o) {
+  const std::vector<double> t = seconds_per_call({ours, peer}, o);
+  return make_result(name, "GFLOP/s", flop / t[0] * 1e-9, peer_name, flop / t[1] * 1e-9);
+}
+
 BenchResult bench_matmul(int64_t n, const BenchOptions& o) {
   const std::string name = "matmul_f32_" + std::to_string(n);
   const std::string peer_name = "openblas_sgemm";
@@ -156,9 +165,7 @@ BenchResult bench_matmul(int64_t n, const BenchOptions& o) {
   check_shape(name, c, {n, n});
   check_close(name, peer_name, float_values(c), hc, 1e-3);
 
-  const double flop = 2.0 * double(n) * double(n) * double(n);
-  const std::vector<double> t = seconds_per_call({ours, peer}, o);
-  return make_result(name, "GFLOP/s", flop / t[0] * 1e-9, peer_name, flop / t[1] * 1e-9);
+  return gflops_result(name, 2.0 * double(n) * double(n) * double(n), ours, peer_name, peer, o);
 }
 
 BenchResult bench_add_16m(const BenchOptions& o) {
@@ -303,11 +310,76 @@ BenchResult bench_conv2d_resnet(const BenchOptions& o) {
   };
   warm_up(peer, 2);
   check_close(name, peer_name, hy, dst_buf, 1e-3);
-  const std::vector<double> t = seconds_per_call({ours, peer}, o);
-  return make_result(name, "GFLOP/s", flop / t[0] * 1e-9, peer_name, flop / t[1] * 1e-9);
+  return gflops_result(name, flop, ours, peer_name, peer, o);
 #else
   return make_result(name, "GFLOP/s", flop / seconds_per_call({ours}, o)[0] * 1e-9, "none", 0);
 #endif
+}
+
+// On cuda:0, with the operands resident there: opforge's CUDA kernels against cuBLAS sgemm. Both
+// sides wait for the GPU after every call (opforge's queued GPU calls do), so each figure is one
+// call's time.
+BenchResult bench_cuda_matmul(int64_t n, const BenchOptions& o) {
+  const std::string name = "cuda_matmul_f32_" + std::to_string(n);
+  const std::string peer_name = "cublas_sgemm";
+  const Device gpu{DeviceKind::cuda, 0};
+  Generator gen(static_cast<uint64_t>(n));
+  const Tensor a = to_device(Tensor::randn({n, n}, DType::Float32, gen), gpu);
+  const Tensor b = to_device(Tensor::randn({n, n}, DType::Float32, gen), gpu);
+  CuBlas cublas;
+  const float* da = cublas.upload(float_values(a));
+  const float* db = cublas.upload(float_values(b));
+  float* dc = cublas.alloc(size_t(n * n));
+  const int ni = int(n);
+  const Fn peer = [&] {
+    cublas.sgemm(ni, ni, ni, da, db, dc);
+    cublas.sync();
+  };
+  Tensor c;
+  const Fn ours = [&] { c = matmul(a, b); };
+
+  warm_up(peer, 2);
+  warm_up(ours, calibration_calls("matmul"));
+  check_shape(name, c, {n, n});
+  OPFORGE_CHECK(c.device() == gpu) << name << ": the result is on " << c.device().str();
+  check_close(name, peer_name, float_values(c), cublas.download(dc, size_t(n * n)), 1e-3);
+
+  return gflops_result(name, 2.0 * double(n) * double(n) * double(n), ours, peer_name, peer, o);
+}
+
+// Elementwise add of resident operands against the device's copy bandwidth (cudaMemcpy from device
+// to device), the ceiling of a memory-bound kernel.
+BenchResult bench_cuda_add_16m(const BenchOptions& o) {
+  const std::string name = "cuda_add_f32_16M";
+  constexpr int64_t n = int64_t(16) << 20;
+  const Device gpu{DeviceKind::cuda, 0};
+  Generator gen(16);
+  const Tensor ha = Tensor::rand({n}, DType::Float32, gen),
+               hb = Tensor::rand({n}, DType::Float32, gen);
+  const Tensor a = to_device(ha, gpu), b = to_device(hb, gpu);
+  Tensor c;
+  const Fn ours = [&] { c = add(a, b); };
+  warm_up(ours, calibration_calls("add"));
+  check_shape(name, c, {n});
+  {
+    const std::vector<float> av = float_values(ha), bv = float_values(hb);
+    std::vector<float> sum(av.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = av[i] + bv[i];
+    check_close(name, "a reference loop", float_values(c), sum, 1e-6);
+  }
+  CuBlas cuda;
+  const float* src = cuda.upload(float_values(ha));
+  float* dst = cuda.alloc(size_t(n));
+  const Fn copy = [&] {
+    cuda.copy(src, dst, size_t(n));
+    cuda.sync();
+  };
+  warm_up(copy, 2);
+  const double add_bytes = 3.0 * sizeof(float) * double(n);
+  const double copy_bytes = 2.0 * sizeof(float) * double(n);
+  const std::vector<double> t = seconds_per_call({ours, copy}, o);
+  return make_result(name, "GB/s", add_bytes / t[0] * 1e-9, "cuda_memcpy_d2d",
+                     copy_bytes / t[1] * 1e-9);
 }
 
 BenchResult bench_dispatch_add_4(const BenchOptions& o) {
@@ -344,14 +416,25 @@ struct Benchmark {
 };
 
 const std::vector<Benchmark>& benchmarks() {
-  static const std::vector<Benchmark> all = {
-      {"matmul_f32_256", [](const BenchOptions& o) { return bench_matmul(256, o); }},
-      {"matmul_f32_1024", [](const BenchOptions& o) { return bench_matmul(1024, o); }},
-      {"matmul_f32_2048", [](const BenchOptions& o) { return bench_matmul(2048, o); }},
-      {"add_f32_16M", bench_add_16m},
-      {"conv2d_f32_resnet3x3", bench_conv2d_resnet},
-      {"dispatch_add_4", bench_dispatch_add_4},
-  };
+  static const std::vector<Benchmark> all = [] {
+    std::vector<Benchmark> b = {
+        {"matmul_f32_256", [](const BenchOptions& o) { return bench_matmul(256, o); }},
+        {"matmul_f32_1024", [](const BenchOptions& o) { return bench_matmul(1024, o); }},
+        {"matmul_f32_2048", [](const BenchOptions& o) { return bench_matmul(2048, o); }},
+        {"add_f32_16M", bench_add_16m},
+        {"conv2d_f32_resnet3x3", bench_conv2d_resnet},
+        {"dispatch_add_4", bench_dispatch_add_4},
+    };
+    // The CUDA benchmarks where there is a GPU to run them.
+    if (device_exists(Device{DeviceKind::cuda, 0})) {
+      b.push_back({"cuda_matmul_f32_1024",
+                   [](const BenchOptions& o) { return bench_cuda_matmul(1024, o); }});
+      b.push_back({"cuda_matmul_f32_4096",
+                   [](const BenchOptions& o) { return bench_cuda_matmul(4096, o); }});
+      b.push_back({"cuda_add_f32_16M", bench_cuda_add_16m});
+    }
+    return b;
+  }();
   return all;
 }
 

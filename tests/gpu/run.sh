@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU: builds opforge with its CUDA kernels, runs the whole
 # test suite with cuda:0 present (every op's CUDA variants against the float64 reference, CUDA next
-# to the CPU and OpenCL devices), and prints the devices and the time of each CUDA variant test.
+# to the CPU and OpenCL devices, GPU-resident tensors), times matmul and add on cuda:0 against cuBLAS
+# and cudaMemcpy, and prints the devices and the time of each CUDA variant test.
 # Record its output in tests/bench/RESULTS.md. Usage: tests/gpu/run.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +22,9 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPFORGE_CUDA_KERNEL
 cmake --build "$BUILD" -j "$(nproc)"
 "$BUILD"/bin/opforge info | head -8
 "$BUILD"/bin/opforge info --load
+
+# opforge's CUDA kernels against cuBLAS sgemm and the device's copy bandwidth, operands resident.
+"$BUILD"/bin/opforge bench --filter '^cuda_'
 
 # The CUDA variant tests first, with their times, then everything.
 "$BUILD"/bin/opforge_tests --gtest_filter='*_cuda' \
