@@ -238,6 +238,11 @@ Json load_json() {
       row["queued_ms"] = it->second.queued_seconds * 1e3;
       row["load_factor"] = it->second.load;
       row["kernel_calls"] = it->second.kernel_calls;
+      // GPU memory: what tensors hold, and that plus the allocator's cache.
+      if (d.device.kind != DeviceKind::cpu) {
+        row["memory_allocated_mib"] = double(memory_allocated(d.device)) / (1 << 20);
+        row["memory_reserved_mib"] = double(memory_reserved(d.device)) / (1 << 20);
+      }
     }
     devs.push_back(std::move(row));
   }
@@ -256,15 +261,17 @@ Json load_json() {
 }
 
 void print_load_text(const Json& load, std::ostream& os) {
-  Table devs({"device", "util %", "queue", "queued ms", "load", "kernel calls"},
-             {false, true, true, true, true, true});
+  Table devs({"device", "util %", "queue", "queued ms", "load", "kernel calls", "GPU MiB held",
+              "GPU MiB reserved"},
+             {false, true, true, true, true, true, true, true});
   for (const Json& d : load["devices"]) {
     auto num = [&](const char* key, int digits) {
       return d.contains(key) && !d[key].is_null() ? fixed(d[key].get<double>(), digits)
                                                   : std::string("-");
     };
     devs.add({d["name"].get<std::string>(), num("utilization_percent", 1), num("queue_length", 0),
-              num("queued_ms", 2), num("load_factor", 2), num("kernel_calls", 0)});
+              num("queued_ms", 2), num("load_factor", 2), num("kernel_calls", 0),
+              num("memory_allocated_mib", 1), num("memory_reserved_mib", 1)});
   }
   devs.print(os);
   os << "\nload: measured slowdown from work that is not opforge's (1.00 = none); util: the last "
