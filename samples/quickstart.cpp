@@ -1,9 +1,11 @@
-// Quickstart: the first opforge program to read. It makes tensors, runs a few ops, prints small
-// results, and shows which kernel variant the dispatcher settled on for each op.
+// Quickstart: the first opforge program to read. It makes tensors, runs a few ops (on a GPU too,
+// when there is one), prints small results, and shows which kernel variant the dispatcher settled
+// on for each op.
 #include <cstdio>
 #include <iostream>
 #include <map>
 
+#include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/ops.hpp"
 
@@ -38,6 +40,16 @@ int main() {
     conv.padding = {1, 1};
     const Tensor blurred = opforge::conv2d(image, box, {}, conv);
     std::cout << "conv2d 3x3 box, padding 1 ->\n" << blurred.str() << "\n\n";
+
+    // On a GPU when there is one (an OpenCL device such as PoCL's counts): tensors moved there
+    // stay there, ops on them run there, and reading the result copies it back.
+    for (opforge::DeviceKind kind : {opforge::DeviceKind::cuda, opforge::DeviceKind::opencl}) {
+      const opforge::Device gpu{kind, 0};
+      if (!opforge::device_exists(gpu)) continue;
+      const Tensor p = opforge::softmax(opforge::matmul(y.to(gpu), w.to(gpu)), -1);
+      std::cout << "the same softmax on " << p.device().str() << " ->\n" << p.str() << "\n\n";
+      break;
+    }
 
     // The dispatcher times the eligible variants on the first calls of each shape, then keeps
     // the fastest; a short loop lets it get there, as a model's inference loop would.
