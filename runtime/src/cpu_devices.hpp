@@ -17,10 +17,11 @@ namespace opforge::detail {
 class CpuPool;
 
 // The user context of every kernel call: the logical CPU device whose pool runs its parallel loops
-// (null: Halide's default pool) and, for OpenCL calls, which OpenCL device runs it.
+// (null: Halide's default pool) and, for GPU calls, which OpenCL device or CUDA GPU runs it.
 struct UserContext {
   CpuPool* pool = nullptr;
   int opencl = -1;
+  int cuda = -1;
 };
 
 class CpuPool {

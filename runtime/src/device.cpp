@@ -361,8 +361,8 @@ detail::DeviceMemory& gpu_memory(const Device& d, const char* what) {
   check_exists(d, what);
   detail::DeviceMemory* mem = detail::device_memory(d);
   OPFORGE_CHECK(mem) << what << ": " << d.str()
-                     << " holds no tensors (GPU memory is tracked on the OpenCL devices and cuda:0 "
-                        "in a build with their kernels; host memory: used_mem_on_dev)";
+                     << " holds no tensors (GPU memory is tracked on GPU devices in a build with "
+                        "their kernels; host memory: used_mem_on_dev)";
   return *mem;
 }
 std::atomic<bool> soft_mode{false};

@@ -150,8 +150,8 @@ struct State {
     // host's load.
     for (const DeviceInfo& info : opforge::devices()) {
       if (info.device.kind == DeviceKind::cpu) continue;
-      // Devices whose memory the runtime manages: every OpenCL device, cuda:0 (Halide's CUDA
-      // runtime drives one GPU per process), and only where this build has their kernels.
+      // Devices whose memory the runtime manages: every OpenCL device, and every CUDA GPU in a
+      // build with CUDA kernels.
       detail::DeviceMemory* mem = detail::device_memory(info.device);
       if (!mem) continue;
       auto d = std::make_unique<ExecDevice>();
@@ -249,9 +249,7 @@ uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint32_
 int exec_index(const State& s, const Device& d, const std::string& op) {
   for (size_t i = 0; i < s.devices.size(); i++)
     if (s.devices[i]->device == d) return int(i);
-  throw Error(op + ": " + d.str() +
-              " runs no kernels in this build (Halide's CUDA runtime drives cuda:0 only); run it "
-              "on another device");
+  throw Error(op + ": " + d.str() + " runs no kernels in this build; run it on another device");
 }
 
 bool pinned() { return default_device_is_set(); }

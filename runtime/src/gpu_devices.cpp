@@ -8,6 +8,7 @@
 #include "gpu_devices.hpp"
 
 #include <HalideRuntimeOpenCL.h>
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstdio>
@@ -55,6 +56,7 @@ void byte_buffer(halide_buffer_t& b, halide_dimension_t& dim, size_t bytes) {
 DeviceMemory::DeviceMemory(const Device& d, const halide_device_interface_t* iface, uint64_t total,
                            size_t offset_align)
     : device_(d), iface_(iface), total_(total), align_(offset_align), limit_(total) {
+  if (d.kind == DeviceKind::cuda) context_.cuda = d.index;
   if (d.kind != DeviceKind::opencl) return;
   context_.opencl = d.index;
   // bind() builds Halide's OpenCL handle itself: make sure the layout is the one it expects.
@@ -219,22 +221,84 @@ void DeviceMemory::sync(halide_buffer_t& on_device) {
       << device_.str() << ": waiting for the device failed: " << take_halide_error();
 }
 
+#ifdef OPFORGE_HAVE_CUDA_KERNELS
+namespace {
+
+// Halide's CUDA runtime creates one context, on one GPU, per process. Its context handler is
+// replaced by one that returns the primary context of the GPU the call's user context names
+// (UserContext::cuda), the context the CUDA runtime and cuBLAS use too; Halide makes it current
+// around each of its calls, so nothing here needs a lock beyond creating the contexts.
+struct CudaDriver {
+  int (*init)(unsigned) = nullptr;
+  int (*device_get)(int*, int) = nullptr;
+  int (*primary_retain)(void**, int) = nullptr;
+  std::mutex mu;
+  std::vector<void*> contexts;
+  CudaDriver() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    init = reinterpret_cast<decltype(init)>(dlsym(lib, "cuInit"));
+    device_get = reinterpret_cast<decltype(device_get)>(dlsym(lib, "cuDeviceGet"));
+    primary_retain =
+        reinterpret_cast<decltype(primary_retain)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+  }
+};
+
+CudaDriver& cuda_driver() {
+  static auto* d = new CudaDriver;  // never destroyed: Halide may ask for a context at exit
+  return *d;
+}
+
+int acquire_cuda_context(void* user_context, void** ctx, bool create) {
+  constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
+  auto* u = static_cast<UserContext*>(user_context);
+  size_t index = u && u->cuda > 0 ? size_t(u->cuda) : 0;
+  CudaDriver& drv = cuda_driver();
+  std::lock_guard<std::mutex> lock(drv.mu);
+  if (drv.contexts.size() <= index) drv.contexts.resize(index + 1);
+  if (!drv.contexts[index] && create) {
+    if (!drv.init || !drv.device_get || !drv.primary_retain) return kNotInitialized;
+    int device = 0;
+    void* context = nullptr;
+    if (int rc = drv.init(0); rc != 0) return rc;
+    if (int rc = drv.device_get(&device, int(index)); rc != 0) return rc;
+    if (int rc = drv.primary_retain(&context, device); rc != 0) return rc;
+    drv.contexts[index] = context;
+  }
+  *ctx = drv.contexts[index];
+  return 0;
+}
+
+int release_cuda_context(void*) { return 0; }
+
+void use_cuda_primary_contexts() {
+  static const bool done = [] {
+    halide_set_cuda_acquire_context(acquire_cuda_context);
+    halide_set_cuda_release_context(release_cuda_context);
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+#endif
+
 DeviceMemory* device_memory(const Device& d) {
   // Never destroyed: tensors in static storage may release blocks late.
   static auto* table = [] {
     auto* t = new std::vector<std::unique_ptr<DeviceMemory>>;
     for (const DeviceInfo& info : devices()) {
-      // Every OpenCL device has its own context (opencl_contexts.cpp); Halide's CUDA runtime
-      // drives one GPU per process: cuda:0.
+      // Every device has its own context: OpenCL's below, CUDA's primary contexts.
       if (info.device.kind == DeviceKind::opencl)
         t->push_back(std::make_unique<DeviceMemory>(info.device, halide_opencl_device_interface(),
                                                     info.total_memory,
                                                     opencl_offset_align(info.device.index)));
-      if (info.device.index != 0) continue;
 #ifdef OPFORGE_HAVE_CUDA_KERNELS
-      if (info.device.kind == DeviceKind::cuda)
+      if (info.device.kind == DeviceKind::cuda) {
+        use_cuda_primary_contexts();
         t->push_back(std::make_unique<DeviceMemory>(info.device, halide_cuda_device_interface(),
                                                     info.total_memory, 1));
+      }
 #endif
     }
     return t;

@@ -230,9 +230,8 @@ Tensor Tensor::to(const Device& d) const {
     return out;
   }
   detail::DeviceMemory* mem = detail::device_memory(d);
-  OPFORGE_CHECK(mem)
-      << "to: " << d.str()
-      << " holds no tensors in this build (Halide's CUDA runtime drives cuda:0 only)";
+  OPFORGE_CHECK(mem) << "to: " << d.str()
+                     << " holds no tensors in this build (it has no kernels for it)";
   Tensor c = contiguous_where_it_lives();
   const void* src = bytes ? c.const_data() : nullptr;
   Tensor out = empty(shape_, dtype_);
