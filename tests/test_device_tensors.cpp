@@ -207,6 +207,38 @@ TEST_P(GpuTensors, TheAllocatorCachesAndRunsOutOfMemoryWithAClearError) {
   EXPECT_THROW(set_memory_fraction(d_, 1.5), Error);
 }
 
+TEST_P(GpuTensors, UnderPressureHostTensorsCopiesMakeRoom) {
+  synchronize();
+  empty_cache(d_);
+  Tensor h1 = Tensor::ones({1 << 20}), h2 = Tensor::full({1 << 20}, 2.0);  // 4 MiB each
+  auto sum_on_device = [&] {
+    DefaultDevice scope(d_);
+    return add(h1, h2).to_vector<float>()[12345];
+  };
+  EXPECT_EQ(sum_on_device(), 3.0f);  // h1 and h2 are now cached on the device too
+  Tensor r;
+  {
+    DefaultDevice scope(d_);
+    r = mul(h2, 4.0);  // a host tensor whose only current copy is on the device
+  }
+  synchronize();
+  uint64_t held = memory_allocated(d_);
+  set_memory_fraction(d_, double(held + (4u << 20)) / double(total_mem_on_dev(d_)));
+  std::string err;
+  Tensor big;
+  try {
+    big = to_device(Tensor::full({2 << 20}, 5.0), d_);  // 8 MiB: fits only without those copies
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  set_memory_fraction(d_, 1.0);
+  EXPECT_EQ(err, "");
+  EXPECT_LE(memory_allocated(d_), held) << "the cached copies went back";
+  EXPECT_EQ(big.to_vector<float>()[7], 5.0f);
+  EXPECT_EQ(r.to_vector<float>()[99], 8.0f) << "an evicted only copy was first copied to the host";
+  EXPECT_EQ(sum_on_device(), 3.0f) << "and come back when a call needs them";
+}
+
 INSTANTIATE_TEST_SUITE_P(All, GpuTensors, ::testing::Values("opencl", "cuda"),
                          [](const auto& info) { return info.param; });
 

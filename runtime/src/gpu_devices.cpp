@@ -69,7 +69,7 @@ DeviceMemory::DeviceMemory(const Device& d, const halide_device_interface_t* ifa
       << "internal: Halide's OpenCL device handle is not laid out as {offset, cl_mem}";
 }
 
-DeviceBlock* DeviceMemory::allocate(size_t bytes) {
+DeviceBlock* DeviceMemory::allocate(size_t bytes, const Storage* for_storage) {
   size_t cap = size_class(std::max<size_t>(bytes, 1));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -92,7 +92,12 @@ DeviceBlock* DeviceMemory::allocate(size_t bytes) {
   };
   if (!try_malloc()) {
     empty_cache();
-    if (!try_malloc()) {
+    // Then the copies that host tensors keep here as a cache, and stale copies.
+    if (!try_malloc() && evict_copies(for_storage)) {
+      empty_cache();
+      try_malloc();
+    }
+    if (!b->buf.device) {
       std::string why = allocated_ + cap > limit_ ? "" : " (" + take_halide_error() + ")";
       throw OutOfMemoryError(
           device_.str() + ": out of memory allocating " + human_bytes(double(bytes)) + " (" +
@@ -105,6 +110,28 @@ DeviceBlock* DeviceMemory::allocate(size_t bytes) {
                                               : b->buf.device;
   allocated_ += cap;
   return b.release();
+}
+
+void DeviceMemory::remember(Storage* s) {
+  std::lock_guard<std::mutex> lock(holders_mu_);
+  holders_.insert(s);
+}
+
+void DeviceMemory::forget(Storage* s) {
+  std::lock_guard<std::mutex> lock(holders_mu_);
+  holders_.erase(s);
+}
+
+bool DeviceMemory::evict_copies(const Storage* skip) {
+  std::lock_guard<std::mutex> lock(holders_mu_);
+  bool any = false;
+  std::vector<Storage*> holders(holders_.begin(), holders_.end());
+  for (Storage* s : holders)
+    if (s != skip && s->evict(*this)) {
+      holders_.erase(s);
+      any = true;
+    }
+  return any;
 }
 
 void DeviceMemory::release(DeviceBlock* b) {

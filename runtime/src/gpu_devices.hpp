@@ -11,10 +11,15 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cpu_devices.hpp"
 #include "opforge/device.hpp"
+
+namespace opforge {
+struct Storage;
+}
 
 namespace opforge::detail {
 
@@ -43,7 +48,8 @@ class DeviceMemory {
   const Device& device() const { return device_; }
   // The user context of Halide calls for this device (it selects the OpenCL device).
   UserContext* user_context() { return &context_; }
-  DeviceBlock* allocate(size_t bytes);
+  // `for_storage`: the storage the block is for, whose lock the caller holds (eviction skips it).
+  DeviceBlock* allocate(size_t bytes, const Storage* for_storage = nullptr);
   void release(DeviceBlock* b);
   void empty_cache();
   size_t allocated() const { return allocated_; }  // held by tensors
@@ -51,6 +57,12 @@ class DeviceMemory {
   // Caps what this process may hold there, as a fraction of the device's memory (PyTorch's
   // set_per_process_memory_fraction).
   void set_fraction(double fraction);
+
+  // The storages with a copy here, which allocate() may evict from under memory pressure.
+  void remember(Storage* s);
+  void forget(Storage* s);
+  // Evicts what it can (Storage::evict); true if anything went back to the allocator.
+  bool evict_copies(const Storage* skip);
 
   void upload(DeviceBlock& b, const void* src, size_t bytes);
   void download(const DeviceBlock& b, void* dst, size_t bytes);
@@ -75,6 +87,8 @@ class DeviceMemory {
   size_t align_;
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<DeviceBlock*>> free_;
+  std::mutex holders_mu_;  // taken before any Storage's lock, which evict() only tries
+  std::unordered_set<Storage*> holders_;
   size_t cached_ = 0;
   std::atomic<size_t> allocated_{0};
   std::atomic<size_t> limit_;

@@ -122,7 +122,8 @@ void KernelArgs::prepare_device(DeviceMemory& mem) {
     bool overwrite = b == last && off == 0 && span == st->bytes &&
                      size_t(hb.number_of_elements()) * hb.type.bytes() == span;
     for (int i = 0; overwrite && i < last; i++) overwrite = storages_[size_t(i)].get() != st;
-    DeviceBlock& block = st->device_current(mem, overwrite);
+    DeviceBlock& block = st->device_current(mem, overwrite, true);
+    pinned_[size_t(b)] = true;
     hb.host = nullptr;
     hb.flags = 0;
     if (mem.bind(hb, block, off, handles_[size_t(b)])) continue;
@@ -149,10 +150,17 @@ void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
                bufs_[size_t(last)].b.size_in_bytes());
   } catch (...) {
     release_staged();
+    for (int b = 0; b <= last; b++)
+      if (pinned_[size_t(b)]) storages_[size_t(b)]->unpin(mem);
     out->device_failed(mem);
     throw;
   }
   release_staged();
+  for (int b = 0; b <= last; b++)
+    if (pinned_[size_t(b)]) {
+      storages_[size_t(b)]->unpin(mem);
+      pinned_[size_t(b)] = false;
+    }
   // A failed call may have written part of the device copy: only the host's is trustworthy.
   if (ran)
     out->device_written(mem);

@@ -104,6 +104,7 @@ class KernelArgs {
   std::array<size_t, 6> offsets_{};        // bytes
   std::array<DeviceHandle, 6> handles_{};  // a GPU call's device handles
   std::array<DeviceBlock*, 6> staged_{};   // a GPU call's dense copies of views it cannot address
+  std::array<bool, 6> pinned_{};           // a GPU call's storages whose device copy it pinned
   std::array<double, 8> f_{};
   std::array<int32_t, 8> i_{};
   std::array<Slot, 16> slots_{};

@@ -92,6 +92,11 @@ size_t detail::size_class(size_t bytes) {
 }
 
 Storage::~Storage() {
+  {
+    // Held while forgetting: an eviction running meanwhile skips this storage (it only tries).
+    std::lock_guard<std::mutex> lock(data_mu_);
+    for (const Copy& c : copies_) c.mem->forget(this);
+  }
   for (const Copy& c : copies_) c.mem->release(c.block);
   if (void* p = ptr.load()) host_free(p, capacity);
 }
@@ -161,14 +166,17 @@ void Storage::host_written() {
   for (Copy& c : copies_) c.valid = false;
 }
 
-detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool overwrite) {
+detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool overwrite, bool pin) {
   std::lock_guard<std::mutex> lock(data_mu_);
   on_gpus_.store(true, std::memory_order_release);
   Copy* mine = copy_on(&mem);
   if (!mine) {
-    copies_.push_back({&mem, mem.allocate(bytes), false});
+    detail::DeviceBlock* block = mem.allocate(bytes, this);
+    copies_.push_back({&mem, block, false, 0});
+    mem.remember(this);
     mine = &copies_.back();
   }
+  if (pin) mine->pins++;
   if (mine->valid || overwrite) return *mine->block;
   if (!host_valid_) {
     // Valid only on another device: through the host (one API's runtime cannot reach another's).
@@ -183,6 +191,37 @@ detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool ove
   if (host_valid_ && ptr) mem.upload(*mine->block, ptr, bytes);
   mine->valid = true;
   return *mine->block;
+}
+
+void Storage::unpin(detail::DeviceMemory& mem) {
+  std::lock_guard<std::mutex> lock(data_mu_);
+  if (Copy* mine = copy_on(&mem); mine && mine->pins > 0) mine->pins--;
+}
+
+bool Storage::evict(detail::DeviceMemory& mem) {
+  std::unique_lock<std::mutex> lock(data_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  // A queued call may be about to use the copy: only a storage no pending call uses goes.
+  if (tracked_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> events(mu_);
+    if ((writer_ && !writer_->done()) ||
+        std::any_of(readers_.begin(), readers_.end(), [](const auto& r) { return !r->done(); }))
+      return false;
+  }
+  auto it =
+      std::find_if(copies_.begin(), copies_.end(), [&](const Copy& c) { return c.mem == &mem; });
+  if (it == copies_.end() || it->pins > 0) return false;
+  bool elsewhere = host_valid_;
+  for (const Copy& c : copies_) elsewhere = elsewhere || (c.valid && c.mem != &mem);
+  if (it->valid && !elsewhere) {
+    if (home_.kind != DeviceKind::cpu) return false;  // a GPU tensor's only copy stays
+    host_block();
+    mem.download(*it->block, ptr, bytes);
+    host_valid_ = true;
+  }
+  mem.release(it->block);
+  copies_.erase(it);
+  return true;
 }
 
 void Storage::device_failed(detail::DeviceMemory& mem) {

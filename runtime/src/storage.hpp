@@ -45,8 +45,13 @@ struct Storage {
   // The host copy was (or is about to be) overwritten: every GPU copy is stale.
   void host_written();
   // Makes the copy on `mem` current and returns it; `overwrite`: the caller writes all of it, so
-  // nothing needs copying there first.
-  detail::DeviceBlock& device_current(detail::DeviceMemory& mem, bool overwrite);
+  // nothing needs copying there first. `pin`: a call will use the block; unpin() when it is done.
+  detail::DeviceBlock& device_current(detail::DeviceMemory& mem, bool overwrite, bool pin = false);
+  void unpin(detail::DeviceMemory& mem);
+  // Under memory pressure on `mem`: gives its copy there back to the allocator if nothing is lost
+  // (stale, or valid elsewhere too, or a host tensor's copy, which is first copied to the host) and
+  // no call uses it. Never waits: false if the storage is busy.
+  bool evict(detail::DeviceMemory& mem);
   // A call on `mem` wrote its copy: every other copy is stale.
   void device_written(detail::DeviceMemory& mem);
   // A call on `mem` that may have written part of its copy failed: that copy is stale.
@@ -76,6 +81,7 @@ struct Storage {
     detail::DeviceMemory* mem;
     detail::DeviceBlock* block;
     bool valid;
+    int pins;  // calls preparing or running with this copy: it must stay
   };
   Copy* copy_on(const detail::DeviceMemory* mem);
   void* host_block();

@@ -237,8 +237,9 @@ Tensor Tensor::to(const Device& d) const {
   Tensor out = empty(shape_, dtype_);
   Storage& st = *out.storage();
   st.adopt_home(d);
-  mem->upload(st.device_current(*mem, true), src, bytes);
+  mem->upload(st.device_current(*mem, true, true), src, bytes);  // pinned: no eviction meanwhile
   st.device_written(*mem);
+  st.unpin(*mem);
   return out;
 }
 
