@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "opforge/opforge.hpp"
 
@@ -24,6 +25,11 @@ class GpuTensors : public ::testing::TestWithParam<std::string> {
     for (const auto& s : dispatch_stats())
       if (s.device == d_) n += s.calls;
     return n;
+  }
+  uint64_t bytes_to_device() const {
+    for (const auto& s : device_stats())
+      if (s.device == d_) return s.bytes_to_device;
+    return 0;
   }
   Device d_;
 };
@@ -237,6 +243,34 @@ TEST_P(GpuTensors, UnderPressureHostTensorsCopiesMakeRoom) {
   EXPECT_EQ(big.to_vector<float>()[7], 5.0f);
   EXPECT_EQ(r.to_vector<float>()[99], 8.0f) << "an evicted only copy was first copied to the host";
   EXPECT_EQ(sum_on_device(), 3.0f) << "and come back when a call needs them";
+}
+
+TEST_P(GpuTensors, UnderPressureTheLeastRecentlyUsedCopiesGoFirst) {
+  synchronize();
+  empty_cache(d_);
+  std::vector<Tensor> hs;
+  for (int i = 0; i < 3; i++) hs.push_back(Tensor::full({1 << 20}, 1.0 + i));  // 4 MiB each
+  auto read_on_device = [&](int i) {
+    DefaultDevice scope(d_);
+    return sum(hs[size_t(i)]).item();  // caches hs[i] on the device
+  };
+  for (int i : {0, 1, 2, 0}) read_on_device(i);  // hs[1] is now the least recently used
+  synchronize();
+  empty_cache(d_);
+  uint64_t held = memory_allocated(d_);
+  set_memory_fraction(d_, double(held + (1u << 20)) / double(total_mem_on_dev(d_)));
+  std::string err = message_of([&] {
+    Tensor big = to_device(Tensor::full({1 << 20}, 9.0), d_);  // needs one copy's room
+    EXPECT_EQ(memory_allocated(d_), held) << "exactly one 4 MiB copy went";
+  });
+  EXPECT_EQ(err, "(no error)");
+  uint64_t before = bytes_to_device();
+  EXPECT_EQ(read_on_device(0), 1.0 * double(1 << 20));
+  EXPECT_EQ(read_on_device(2), 3.0 * double(1 << 20));
+  EXPECT_EQ(bytes_to_device(), before) << "the recently used copies stayed";
+  EXPECT_EQ(read_on_device(1), 2.0 * double(1 << 20));
+  EXPECT_GE(bytes_to_device(), before + (4u << 20)) << "the least recently used one was evicted";
+  set_memory_fraction(d_, 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GpuTensors, ::testing::Values("opencl", "cuda"),

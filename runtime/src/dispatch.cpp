@@ -582,7 +582,11 @@ std::vector<DeviceStats> device_stats() {
     int64_t since = d.running_since.load(), busy = d.busy_ns.load();
     if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
     st.busy_seconds = double(busy) * 1e-9;
-    st.device_bytes = d.mem ? d.mem->allocated() : 0;
+    if (d.mem) {
+      st.device_bytes = d.mem->allocated();
+      st.bytes_to_device = d.mem->bytes_copied(true);
+      st.bytes_from_device = d.mem->bytes_copied(false);
+    }
     if (d.pool) {
       st.tasks = d.pool->tasks();
       st.foreign_core_tasks = d.pool->foreign_tasks();

@@ -10,6 +10,7 @@
 #include <HalideRuntimeOpenCL.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -93,11 +94,10 @@ DeviceBlock* DeviceMemory::allocate(size_t bytes, const Storage* for_storage) {
   if (!try_malloc()) {
     empty_cache();
     // Then the copies that host tensors keep here as a cache, and stale copies.
-    if (!try_malloc() && evict_copies(for_storage)) {
-      empty_cache();
-      try_malloc();
-    }
-    if (!b->buf.device) {
+    if (!try_malloc() && !evict_until(for_storage, cap, [&] {
+          empty_cache();
+          return try_malloc();
+        })) {
       std::string why = allocated_ + cap > limit_ ? "" : " (" + take_halide_error() + ")";
       throw OutOfMemoryError(
           device_.str() + ": out of memory allocating " + human_bytes(double(bytes)) + " (" +
@@ -114,7 +114,7 @@ DeviceBlock* DeviceMemory::allocate(size_t bytes, const Storage* for_storage) {
 
 void DeviceMemory::remember(Storage* s) {
   std::lock_guard<std::mutex> lock(holders_mu_);
-  holders_.insert(s);
+  holders_[s] = ++use_clock_;
 }
 
 void DeviceMemory::forget(Storage* s) {
@@ -122,16 +122,26 @@ void DeviceMemory::forget(Storage* s) {
   holders_.erase(s);
 }
 
-bool DeviceMemory::evict_copies(const Storage* skip) {
+bool DeviceMemory::evict_until(const Storage* skip, size_t bytes,
+                               const std::function<bool()>& fits) {
   std::lock_guard<std::mutex> lock(holders_mu_);
-  bool any = false;
-  std::vector<Storage*> holders(holders_.begin(), holders_.end());
-  for (Storage* s : holders)
-    if (s != skip && s->evict(*this)) {
-      holders_.erase(s);
-      any = true;
+  std::vector<std::pair<uint64_t, Storage*>> by_age;
+  for (auto [s, used] : holders_)
+    if (s != skip) by_age.emplace_back(used, s);
+  std::sort(by_age.begin(), by_age.end());
+  size_t freed = 0;
+  for (auto [used, s] : by_age) {
+    size_t n = s->evict(*this);
+    if (n == 0) continue;
+    holders_.erase(s);
+    freed += n;
+    // Blocks come in size classes: retry once what went back could hold the request.
+    if (freed >= bytes) {
+      if (fits()) return true;
+      freed = 0;
     }
-  return any;
+  }
+  return freed > 0 && fits();
 }
 
 void DeviceMemory::release(DeviceBlock* b) {
@@ -198,6 +208,7 @@ void DeviceMemory::transfer(halide_buffer_t& hb, const DeviceBlock& b, bool to_d
   OPFORGE_CHECK(rc == 0) << device_.str() << ": copying " << bytes << " bytes "
                          << (to_device ? "to" : "from")
                          << " the device failed: " << take_halide_error();
+  copied_[to_device] += bytes;
   // Small copies measure latency, not bandwidth.
   if (bytes >= (size_t(1) << 16) && s > 0) {
     double bw = bandwidth_.load(std::memory_order_relaxed);

@@ -9,9 +9,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "cpu_devices.hpp"
@@ -58,11 +58,10 @@ class DeviceMemory {
   // set_per_process_memory_fraction).
   void set_fraction(double fraction);
 
-  // The storages with a copy here, which allocate() may evict from under memory pressure.
+  // The storages with a copy here, which allocate() may evict from under memory pressure;
+  // remember() on each use, so that the least recently used go first.
   void remember(Storage* s);
   void forget(Storage* s);
-  // Evicts what it can (Storage::evict); true if anything went back to the allocator.
-  bool evict_copies(const Storage* skip);
 
   void upload(DeviceBlock& b, const void* src, size_t bytes);
   void download(const DeviceBlock& b, void* dst, size_t bytes);
@@ -77,9 +76,14 @@ class DeviceMemory {
   void sync(halide_buffer_t& on_device);
   // Measured bytes per second of host<->device copies (a prior until something was copied).
   double bandwidth() const { return bandwidth_.load(std::memory_order_relaxed); }
+  // Bytes copied so far from the host (to_device) or back to it.
+  uint64_t bytes_copied(bool to_device) const { return copied_[to_device].load(); }
 
  private:
   void transfer(halide_buffer_t& host_side, const DeviceBlock& b, bool to_device, size_t bytes);
+  // Evicts copies (Storage::evict), least recently used first, until `fits()` (tried each time
+  // enough was freed for `bytes`) says the allocation went through; false if it never did.
+  bool evict_until(const Storage* skip, size_t bytes, const std::function<bool()>& fits);
   Device device_;
   UserContext context_;
   const halide_device_interface_t* iface_;
@@ -88,11 +92,13 @@ class DeviceMemory {
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<DeviceBlock*>> free_;
   std::mutex holders_mu_;  // taken before any Storage's lock, which evict() only tries
-  std::unordered_set<Storage*> holders_;
+  std::unordered_map<Storage*, uint64_t> holders_;  // storage -> its last use (use_clock_)
+  uint64_t use_clock_ = 0;
   size_t cached_ = 0;
   std::atomic<size_t> allocated_{0};
   std::atomic<size_t> limit_;
   std::atomic<double> bandwidth_{8e9};
+  std::atomic<uint64_t> copied_[2] = {0, 0};  // [to_device]
 };
 
 // The memory of a GPU device that runs kernels in this build (opencl:0, cuda:0), or null.

@@ -173,9 +173,9 @@ detail::DeviceBlock& Storage::device_current(detail::DeviceMemory& mem, bool ove
   if (!mine) {
     detail::DeviceBlock* block = mem.allocate(bytes, this);
     copies_.push_back({&mem, block, false, 0});
-    mem.remember(this);
     mine = &copies_.back();
   }
+  mem.remember(this);
   if (pin) mine->pins++;
   if (mine->valid || overwrite) return *mine->block;
   if (!host_valid_) {
@@ -198,30 +198,31 @@ void Storage::unpin(detail::DeviceMemory& mem) {
   if (Copy* mine = copy_on(&mem); mine && mine->pins > 0) mine->pins--;
 }
 
-bool Storage::evict(detail::DeviceMemory& mem) {
+size_t Storage::evict(detail::DeviceMemory& mem) {
   std::unique_lock<std::mutex> lock(data_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  if (!lock.owns_lock()) return 0;
   // A queued call may be about to use the copy: only a storage no pending call uses goes.
   if (tracked_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> events(mu_);
     if ((writer_ && !writer_->done()) ||
         std::any_of(readers_.begin(), readers_.end(), [](const auto& r) { return !r->done(); }))
-      return false;
+      return 0;
   }
   auto it =
       std::find_if(copies_.begin(), copies_.end(), [&](const Copy& c) { return c.mem == &mem; });
-  if (it == copies_.end() || it->pins > 0) return false;
+  if (it == copies_.end() || it->pins > 0) return 0;
   bool elsewhere = host_valid_;
   for (const Copy& c : copies_) elsewhere = elsewhere || (c.valid && c.mem != &mem);
   if (it->valid && !elsewhere) {
-    if (home_.kind != DeviceKind::cpu) return false;  // a GPU tensor's only copy stays
+    if (home_.kind != DeviceKind::cpu) return 0;  // a GPU tensor's only copy stays
     host_block();
     mem.download(*it->block, ptr, bytes);
     host_valid_ = true;
   }
+  size_t n = it->block->capacity;
   mem.release(it->block);
   copies_.erase(it);
-  return true;
+  return n;
 }
 
 void Storage::device_failed(detail::DeviceMemory& mem) {

@@ -50,8 +50,8 @@ struct Storage {
   void unpin(detail::DeviceMemory& mem);
   // Under memory pressure on `mem`: gives its copy there back to the allocator if nothing is lost
   // (stale, or valid elsewhere too, or a host tensor's copy, which is first copied to the host) and
-  // no call uses it. Never waits: false if the storage is busy.
-  bool evict(detail::DeviceMemory& mem);
+  // no call uses it. Never waits: 0 if the storage is busy. Returns the bytes given back.
+  size_t evict(detail::DeviceMemory& mem);
   // A call on `mem` wrote its copy: every other copy is stale.
   void device_written(detail::DeviceMemory& mem);
   // A call on `mem` that may have written part of its copy failed: that copy is stale.

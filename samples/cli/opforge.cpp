@@ -242,6 +242,8 @@ Json load_json() {
       if (d.device.kind != DeviceKind::cpu) {
         row["memory_allocated_mib"] = double(memory_allocated(d.device)) / (1 << 20);
         row["memory_reserved_mib"] = double(memory_reserved(d.device)) / (1 << 20);
+        row["copied_to_device_mib"] = double(it->second.bytes_to_device) / (1 << 20);
+        row["copied_from_device_mib"] = double(it->second.bytes_from_device) / (1 << 20);
       }
     }
     devs.push_back(std::move(row));
@@ -262,8 +264,8 @@ Json load_json() {
 
 void print_load_text(const Json& load, std::ostream& os) {
   Table devs({"device", "util %", "queue", "queued ms", "load", "kernel calls", "GPU MiB held",
-              "GPU MiB reserved"},
-             {false, true, true, true, true, true, true, true});
+              "GPU MiB reserved", "MiB copied in", "MiB copied out"},
+             {false, true, true, true, true, true, true, true, true, true});
   for (const Json& d : load["devices"]) {
     auto num = [&](const char* key, int digits) {
       return d.contains(key) && !d[key].is_null() ? fixed(d[key].get<double>(), digits)
@@ -271,7 +273,8 @@ void print_load_text(const Json& load, std::ostream& os) {
     };
     devs.add({d["name"].get<std::string>(), num("utilization_percent", 1), num("queue_length", 0),
               num("queued_ms", 2), num("load_factor", 2), num("kernel_calls", 0),
-              num("memory_allocated_mib", 1), num("memory_reserved_mib", 1)});
+              num("memory_allocated_mib", 1), num("memory_reserved_mib", 1),
+              num("copied_to_device_mib", 1), num("copied_from_device_mib", 1)});
   }
   devs.print(os);
   os << "\nload: measured slowdown from work that is not opforge's (1.00 = none); util: the last "

@@ -94,6 +94,8 @@ struct DeviceStats {
   int64_t foreign_core_tasks = 0;  // of those, run on a core outside the device (should be 0)
   double busy_seconds = 0;         // time its threads spent running kernels
   uint64_t device_bytes = 0;       // GPU devices: memory held by tensors there (memory_allocated)
+  uint64_t bytes_to_device = 0;    // GPU devices: bytes copied from the host so far
+  uint64_t bytes_from_device = 0;  // GPU devices: bytes copied back to the host so far
 };
 std::vector<DeviceStats> device_stats();
 
