@@ -26,7 +26,8 @@ TEST(Device, TheCpuComesFirstAndParses) {
 }
 
 TEST(Device, BadNamesAreClearErrors) {
-  for (const char* bad : {"cuda:7", "gpu:x", "tpu", "cpu:-1", "opencl:99", "cuda:"}) {
+  for (const char* bad : {"cuda:7", "gpu:x", "tpu", "cpu:-1", "opencl:99",
+                          "cuda:", "cpu:", "opencl:", "opencl:-1", "", ":0", "cpu:0x", "cuda: 0"}) {
     SCOPED_TRACE(bad);
     try {
       parse_device(bad);
@@ -93,6 +94,24 @@ TEST(Device, DefaultDeviceScopesNest) {
   EXPECT_THROW(unset_default_device(), Error);
   EXPECT_THROW(DefaultDevice("cuda:7"), Error);
   EXPECT_EQ(default_device(), Device{});
+}
+
+TEST(Device, AScopeRestoresTheStackWhateverWasSetOrUnsetInside) {
+  Device other = has_opencl() ? Device{DeviceKind::opencl, 0} : Device{};
+  set_default_device(other);
+  {
+    DefaultDevice scope("cpu");
+    unset_default_device();  // pops the scope's own entry
+    unset_default_device();  // and the one set before it
+    EXPECT_FALSE(default_device_is_set());
+  }  // must neither throw nor pop anything more
+  EXPECT_FALSE(default_device_is_set());
+  {
+    DefaultDevice scope("cpu");
+    set_default_device(other);
+    set_default_device(other);
+  }
+  EXPECT_FALSE(default_device_is_set()) << "entries set inside a scope leave with it";
 }
 
 TEST(Device, OpenClDevicesReportMemoryAndUtilization) {

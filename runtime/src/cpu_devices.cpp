@@ -130,6 +130,7 @@ int CpuPool::parallel_for(void* ctx, int (*f)(void*, int, uint8_t*), int min, in
 std::vector<std::vector<int>> parse_cpu_devices(const std::string& spec) {
   std::vector<std::vector<int>> out;
   int ncpu = int(std::thread::hardware_concurrency());
+  std::vector<bool> taken(static_cast<size_t>(ncpu));
   std::stringstream devices(spec);
   for (std::string dev; std::getline(devices, dev, ';');) {
     std::vector<int> cores;
@@ -147,7 +148,14 @@ std::vector<std::vector<int>> parse_cpu_devices(const std::string& spec) {
           << "OPFORGE_CPU_DEVICES: '" << part << "' in '" << spec
           << "' is not a core or range of cores 0-" << ncpu - 1
           << " (expected for example \"0;1\" or \"0-7;8-15\")";
-      for (int c = lo; c <= hi; c++) cores.push_back(c);
+      for (int c = lo; c <= hi; c++) {
+        // Devices split the cores: two sharing one would each measure the other's work as load.
+        OPFORGE_CHECK(!taken[size_t(c)])
+            << "OPFORGE_CPU_DEVICES: core " << c << " is given twice in '" << spec
+            << "' (each core belongs to one device, as in \"0;1\" or \"0-7;8-15\")";
+        taken[size_t(c)] = true;
+        cores.push_back(c);
+      }
     }
     OPFORGE_CHECK(!cores.empty()) << "OPFORGE_CPU_DEVICES: device " << out.size() << " of '" << spec
                                   << "' has no cores";

@@ -1,10 +1,12 @@
-// Device discovery and queries. CPU figures come from /proc; CUDA from NVML and OpenCL from the
-// ICD loader, both opened with dlopen so that building and running need neither.
+// Device discovery and queries. CPU figures come from /proc; CUDA GPUs from the driver and their
+// usage from NVML, OpenCL from the ICD loader, all opened with dlopen so that building and running
+// need none of them.
 #include "opforge/device.hpp"
 
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -37,9 +39,6 @@ const char* kind_name(DeviceKind k) {
 struct Nvml {
   using Handle = void*;
   int (*init)() = nullptr;
-  int (*count)(unsigned*) = nullptr;
-  int (*handle)(unsigned, Handle*) = nullptr;
-  int (*name)(Handle, char*, unsigned) = nullptr;
   struct Memory {
     unsigned long long total, free, used;
   };
@@ -54,6 +53,7 @@ struct Nvml {
     unsigned gpu_instance, compute_instance;
   };
   int (*processes)(Handle, unsigned*, ProcessInfo*) = nullptr;
+  int (*by_bus_id)(const char*, Handle*) = nullptr;
   bool ok = false;
 
   Nvml() {
@@ -63,24 +63,69 @@ struct Nvml {
       fn = reinterpret_cast<std::decay_t<decltype(fn)>>(dlsym(lib, s));
     };
     sym(init, "nvmlInit_v2");
-    sym(count, "nvmlDeviceGetCount_v2");
-    sym(handle, "nvmlDeviceGetHandleByIndex_v2");
-    sym(name, "nvmlDeviceGetName");
     sym(memory, "nvmlDeviceGetMemoryInfo");
     sym(utilization, "nvmlDeviceGetUtilizationRates");
     sym(processes, "nvmlDeviceGetComputeRunningProcesses_v3");
-    ok = init && count && handle && memory && utilization && init() == 0;
-  }
-  Handle device(int i) const {
-    Handle h = nullptr;
-    OPFORGE_CHECK(ok && handle(unsigned(i), &h) == 0)
-        << "cuda:" << i << ": NVML cannot open the device";
-    return h;
+    sym(by_bus_id, "nvmlDeviceGetHandleByPciBusId_v2");
+    ok = init && memory && utilization && by_bus_id && init() == 0;
   }
 };
 const Nvml& nvml() {
   static Nvml n;
   return n;
+}
+
+// ---- The CUDA driver, loaded on first use. cuda:N is the driver's device N, so
+// CUDA_VISIBLE_DEVICES applies as in every CUDA program; NVML (which numbers all GPUs its own way)
+// is matched to it by PCI bus id. ----
+struct CudaGpu {
+  std::string name;
+  uint64_t memory = 0;
+  Nvml::Handle nvml = nullptr;  // null where NVML is missing or does not know the GPU
+};
+struct CudaDriver {
+  void* lib = nullptr;
+  std::vector<CudaGpu> gpus;
+  CudaDriver() {
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    auto init = reinterpret_cast<int (*)(unsigned)>(dlsym(lib, "cuInit"));
+    auto count = reinterpret_cast<int (*)(int*)>(dlsym(lib, "cuDeviceGetCount"));
+    auto get = reinterpret_cast<int (*)(int*, int)>(dlsym(lib, "cuDeviceGet"));
+    auto name = reinterpret_cast<int (*)(char*, int, int)>(dlsym(lib, "cuDeviceGetName"));
+    auto total = reinterpret_cast<int (*)(size_t*, int)>(dlsym(lib, "cuDeviceTotalMem_v2"));
+    auto bus_id = reinterpret_cast<int (*)(char*, int, int)>(dlsym(lib, "cuDeviceGetPCIBusId"));
+    int n = 0;
+    // No driver, no GPU, or a driver that fails to start: no cuda:N, and no error.
+    if (!init || !count || !get || !name || !total || !bus_id || init(0) != 0 || count(&n) != 0)
+      return;
+    for (int i = 0; i < n; i++) {
+      int dev = 0;
+      char gpu_name[128] = {}, bus[32] = {};
+      size_t bytes = 0;
+      if (get(&dev, i) != 0 || name(gpu_name, sizeof(gpu_name) - 1, dev) != 0 ||
+          total(&bytes, dev) != 0)
+        break;  // ordinals must stay dense: cuda:N is the driver's device N
+      CudaGpu g{gpu_name, bytes, nullptr};
+      const Nvml& nv = nvml();
+      if (nv.ok && bus_id(bus, sizeof(bus) - 1, dev) == 0 && nv.by_bus_id(bus, &g.nvml) != 0)
+        g.nvml = nullptr;
+      gpus.push_back(std::move(g));
+    }
+  }
+};
+const CudaDriver& cuda_driver() {
+  static auto* d = new CudaDriver;  // never destroyed: kernels may still run at exit
+  return *d;
+}
+
+Nvml::Handle nvml_handle(const Device& d) {
+  const auto& gpus = cuda_driver().gpus;
+  Nvml::Handle h = size_t(d.index) < gpus.size() ? gpus[size_t(d.index)].nvml : nullptr;
+  OPFORGE_CHECK(h) << d.str()
+                   << ": NVML (libnvidia-ml.so.1) is not available or does not know this GPU, so "
+                      "there are no usage figures for it";
+  return h;
 }
 
 // ---- OpenCL ICD loader ----
@@ -124,6 +169,10 @@ void* detail::opencl_device_id(int index) {
 
 void* detail::opencl_function(const char* name) {
   return opencl().lib ? dlsym(opencl().lib, name) : nullptr;
+}
+
+void* detail::cuda_function(const char* name) {
+  return cuda_driver().lib ? dlsym(cuda_driver().lib, name) : nullptr;
 }
 
 size_t detail::opencl_offset_align(int index) {
@@ -192,18 +241,9 @@ std::vector<DeviceInfo> discover() {
     info.shares_cpu_cores = (type & kTypeCpu) != 0;
     out.push_back(info);
   }
-  const Nvml& n = nvml();
-  unsigned count = 0;
-  if (n.ok && n.count(&count) == 0) {
-    for (unsigned i = 0; i < count; i++) {
-      Nvml::Handle h = n.device(int(i));
-      char name[96] = {};
-      if (n.name) n.name(h, name, sizeof(name));
-      Nvml::Memory m{};
-      n.memory(h, &m);
-      out.push_back({{DeviceKind::cuda, int(i)}, name, m.total});
-    }
-  }
+  const auto& gpus = cuda_driver().gpus;
+  for (size_t i = 0; i < gpus.size(); i++)
+    out.push_back({{DeviceKind::cuda, int(i)}, gpus[i].name, gpus[i].memory});
   return out;
 }
 
@@ -253,7 +293,8 @@ std::string Device::str() const {
 
 Device parse_device(std::string_view name) {
   std::string_view kind = name, idx;
-  if (auto colon = name.find(':'); colon != std::string_view::npos) {
+  auto colon = name.find(':');
+  if (colon != std::string_view::npos) {
     kind = name.substr(0, colon);
     idx = name.substr(colon + 1);
   }
@@ -268,7 +309,7 @@ Device parse_device(std::string_view name) {
     OPFORGE_CHECK(false) << "unknown device '" << name
                          << "': expected cpu, opencl:N or cuda:N (devices: " << known_devices()
                          << ")";
-  if (!idx.empty()) {
+  if (colon != std::string_view::npos) {  // "cuda:" is an error, not cuda:0
     auto [p, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), d.index);
     OPFORGE_CHECK(ec == std::errc() && p == idx.data() + idx.size() && d.index >= 0)
         << "unknown device '" << name
@@ -330,21 +371,29 @@ uint64_t used_mem_on_dev(const Device& d, bool process_only) {
     }
     case DeviceKind::cuda: {
       const Nvml& n = nvml();
-      Nvml::Handle h = n.device(d.index);
+      Nvml::Handle h = nvml_handle(d);
       if (!process_only) {
         Nvml::Memory m{};
         OPFORGE_CHECK(n.memory(h, &m) == 0) << d.str() << ": NVML memory query failed";
         return m.used;
       }
       OPFORGE_CHECK(n.processes) << d.str() << ": this NVML has no per-process memory query";
-      unsigned count = 64;
-      std::vector<Nvml::ProcessInfo> procs(count);
-      OPFORGE_CHECK(n.processes(h, &count, procs.data()) == 0)
-          << d.str() << ": NVML process query failed";
+      std::vector<Nvml::ProcessInfo> procs(64);
+      unsigned count = unsigned(procs.size());
+      int rc;
+      constexpr int kInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE: count says how many
+      while ((rc = n.processes(h, &count, procs.data())) == kInsufficientSize) {
+        procs.resize(count + 16);
+        count = unsigned(procs.size());
+      }
+      OPFORGE_CHECK(rc == 0) << d.str() << ": NVML process query failed";
       uint64_t mine = 0;
       for (unsigned i = 0; i < count; i++)
         if (procs[i].pid == unsigned(getpid())) mine += procs[i].used;
-      return mine;
+      // In a container NVML reports the host's process ids, so this process may not be found:
+      // it holds at least what its allocator reserved.
+      const detail::DeviceMemory* mem = detail::device_memory(d);
+      return std::max<uint64_t>(mine, mem ? mem->reserved() : 0);
     }
     case DeviceKind::opencl: {
       // OpenCL has no query for a device's memory in use: what this process holds there is the
@@ -378,14 +427,16 @@ void set_soft_device_mode(bool on) { soft_mode = on; }
 bool soft_device_mode() { return soft_mode; }
 
 double percent_used_mem_on_dev(const Device& d, bool process_only) {
-  return 100.0 * double(used_mem_on_dev(d, process_only)) / double(total_mem_on_dev(d));
+  uint64_t total = total_mem_on_dev(d);
+  OPFORGE_CHECK(total > 0) << d.str() << ": the driver reports no memory, so no percentage of it";
+  return 100.0 * double(used_mem_on_dev(d, process_only)) / double(total);
 }
 
 double dev_util(const Device& d) {
   check_exists(d, "dev_util");
   if (d.kind == DeviceKind::cuda) {
     Nvml::Utilization u{};
-    OPFORGE_CHECK(nvml().utilization(nvml().device(d.index), &u) == 0)
+    OPFORGE_CHECK(nvml().utilization(nvml_handle(d), &u) == 0)
         << d.str() << ": NVML utilization query failed";
     return u.gpu;
   }
@@ -423,6 +474,13 @@ void set_default_device(const Device& d) {
 }
 
 bool default_device_is_set() { return !default_stack().empty(); }
+
+size_t detail::default_device_depth() { return default_stack().size(); }
+
+void detail::restore_default_device_depth(size_t depth) noexcept {
+  auto& s = default_stack();
+  if (s.size() > depth) s.resize(depth);
+}
 
 void unset_default_device() {
   auto& s = default_stack();

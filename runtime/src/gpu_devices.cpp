@@ -8,7 +8,6 @@
 #include "gpu_devices.hpp"
 
 #include <HalideRuntimeOpenCL.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -266,24 +265,22 @@ namespace {
 // replaced by one that returns the primary context of the GPU the call's user context names
 // (UserContext::cuda), the context the CUDA runtime and cuBLAS use too; Halide makes it current
 // around each of its calls, so nothing here needs a lock beyond creating the contexts.
-struct CudaDriver {
+struct CudaContexts {
   int (*init)(unsigned) = nullptr;
   int (*device_get)(int*, int) = nullptr;
   int (*primary_retain)(void**, int) = nullptr;
   std::mutex mu;
   std::vector<void*> contexts;
-  CudaDriver() {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return;
-    init = reinterpret_cast<decltype(init)>(dlsym(lib, "cuInit"));
-    device_get = reinterpret_cast<decltype(device_get)>(dlsym(lib, "cuDeviceGet"));
+  CudaContexts() {
+    init = reinterpret_cast<decltype(init)>(cuda_function("cuInit"));
+    device_get = reinterpret_cast<decltype(device_get)>(cuda_function("cuDeviceGet"));
     primary_retain =
-        reinterpret_cast<decltype(primary_retain)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+        reinterpret_cast<decltype(primary_retain)>(cuda_function("cuDevicePrimaryCtxRetain"));
   }
 };
 
-CudaDriver& cuda_driver() {
-  static auto* d = new CudaDriver;  // never destroyed: Halide may ask for a context at exit
+CudaContexts& cuda_contexts() {
+  static auto* d = new CudaContexts;  // never destroyed: Halide may ask for a context at exit
   return *d;
 }
 
@@ -291,7 +288,7 @@ int acquire_cuda_context(void* user_context, void** ctx, bool create) {
   constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
   auto* u = static_cast<UserContext*>(user_context);
   size_t index = u && u->cuda > 0 ? size_t(u->cuda) : 0;
-  CudaDriver& drv = cuda_driver();
+  CudaContexts& drv = cuda_contexts();
   std::lock_guard<std::mutex> lock(drv.mu);
   if (drv.contexts.size() <= index) drv.contexts.resize(index + 1);
   if (!drv.contexts[index] && create) {

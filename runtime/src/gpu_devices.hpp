@@ -108,5 +108,7 @@ DeviceMemory* device_memory(const Device& d);
 size_t opencl_offset_align(int index);
 void* opencl_device_id(int index);
 void* opencl_function(const char* name);
+// A function of the CUDA driver (libcuda.so.1) as device.cpp opened it, or null.
+void* cuda_function(const char* name);
 
 }  // namespace opforge::detail

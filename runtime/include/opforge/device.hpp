@@ -3,6 +3,7 @@
 // splits the CPU into logical devices cpu:0, cpu:1, ... with their own thread pools. GPU drivers
 // (NVML, OpenCL ICD) are loaded dynamically: a machine without them simply has no such devices.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -73,14 +74,26 @@ bool default_device_is_set();
 void set_soft_device_mode(bool on);
 bool soft_device_mode();
 
-// Makes `d` the default device for its lifetime; scopes nest.
+namespace detail {
+size_t default_device_depth();
+// Pops the default-device stack down to `depth` entries (no-op if it is already shallower).
+void restore_default_device_depth(size_t depth) noexcept;
+}  // namespace detail
+
+// Makes `d` the default device for its lifetime; scopes nest. On exit the stack is as it was on
+// entry, whatever was set or unset inside the scope.
 class DefaultDevice {
  public:
-  explicit DefaultDevice(const Device& d) { set_default_device(d); }
+  explicit DefaultDevice(const Device& d) : depth_(detail::default_device_depth()) {
+    set_default_device(d);
+  }
   explicit DefaultDevice(std::string_view name) : DefaultDevice(parse_device(name)) {}
-  ~DefaultDevice() { unset_default_device(); }
+  ~DefaultDevice() { detail::restore_default_device_depth(depth_); }
   DefaultDevice(const DefaultDevice&) = delete;
   DefaultDevice& operator=(const DefaultDevice&) = delete;
+
+ private:
+  size_t depth_;
 };
 
 // The state of each device that runs kernels, as `opforge info --load` shows it.
