@@ -2,6 +2,7 @@
 // number, so each test states exactly what the scheduler has measured and what it must choose.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "opforge/error.hpp"
@@ -26,15 +27,21 @@ void calibrate(Scheduler& s, Cost cost,
   }
 }
 
-TEST(Scheduler, CalibratesEveryDeviceAndVariantBeforeChoosing) {
-  Scheduler s;
+// Runs the calibration, answering each run with `answer`; returns the runs per (device, variant).
+std::map<std::pair<int, int>, int> calibration_runs(
+    Scheduler& s, const std::function<void(const Decision&)>& answer) {
   std::map<std::pair<int, int>, int> runs;
   for (;;) {
     Decision d = s.decide(kKey, two_devices(), {}, 0);
-    if (!d.calibrating) break;
+    if (!d.calibrating) return runs;
     runs[{d.device, d.variant}]++;
-    s.finished(d, 1e-3, false);
+    answer(d);
   }
+}
+
+TEST(Scheduler, CalibratesEveryDeviceAndVariantBeforeChoosing) {
+  Scheduler s;
+  auto runs = calibration_runs(s, [&](const Decision& d) { s.finished(d, 1e-3, false); });
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& [pair, n] : runs) EXPECT_EQ(n, DispatchPolicy{}.calibration_runs);
 }
@@ -174,6 +181,58 @@ TEST(Scheduler, BadInputIsAnError) {
   EXPECT_THROW(s.decide(kKey, {{0, 0}}, {}, 0), Error);
   EXPECT_THROW(s.decide(uint64_t(1) << 60, two_devices(), {}, 0), Error);
   EXPECT_THROW(s.set_policy(DispatchPolicy{0, 1, 1}), Error);
+}
+
+}  // namespace
+
+namespace {
+
+// A device whose kernels fail leaves the bucket: calibration completes on what is left, and once
+// everything has failed the first candidate is chosen again (untimed), so that its error surfaces.
+TEST(Scheduler, FailedVariantsLeaveTheBucket) {
+  Scheduler s;
+  auto runs = calibration_runs(s, [&](const Decision& d) {
+    if (d.device == 0)
+      s.failed(d, false);
+    else
+      s.finished(d, d.variant == 0 ? 2e-3 : 1e-3, false);
+  });
+  EXPECT_EQ(runs[std::make_pair(0, 0)], 1);
+  EXPECT_EQ(runs[std::make_pair(0, 1)], 1);
+  EXPECT_EQ(runs[std::make_pair(1, 0)], DispatchPolicy{}.calibration_runs);
+  EXPECT_EQ(runs[std::make_pair(1, 1)], DispatchPolicy{}.calibration_runs);
+  for (int i = 0; i < 10; i++) {
+    Decision d = s.decide(kKey, two_devices(), {}, 0, true);
+    EXPECT_EQ(d.device, 1);
+    EXPECT_EQ(d.variant, 1);
+    EXPECT_EQ(d.costs.size(), 1u) << "device 0 is no longer a candidate";
+  }
+  for (int v : {0, 1}) {
+    Decision d;
+    d.device = 1;
+    d.variant = v;
+    d.key = kKey;
+    s.failed(d, false);
+  }
+  Decision d = s.decide(kKey, two_devices(), {}, 0);
+  EXPECT_EQ(d.device, 0);
+  EXPECT_EQ(d.variant, 0);
+  EXPECT_FALSE(d.timed);
+}
+
+// A queued call holds its device for its copies and its run: both count in the device's queue.
+TEST(Scheduler, QueuedWorkIncludesTheCopies) {
+  Scheduler s;
+  calibrate(s, [](int, int) { return 1e-3; });
+  std::vector<double> transfer = {4e-3, 0.0};
+  Decision d = s.decide(kKey, {{0, 0b11}}, transfer, 0);
+  EXPECT_NEAR(d.transfer, 4e-3, 1e-12);
+  s.enqueued(d);
+  EXPECT_NEAR(s.ready_in(0, 0), 5e-3, 1e-12);
+  s.started(d, 0);
+  EXPECT_NEAR(s.ready_in(0, 1e-3), 4e-3, 1e-12);
+  s.finished(d, 1e-3, true);
+  EXPECT_NEAR(s.ready_in(0, 1e-3), 0, 1e-12);
 }
 
 }  // namespace

@@ -254,6 +254,13 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
 
 bool pinned() { return default_device_is_set(); }
 
+// The devices automatic placement chooses from.
+void auto_devices(const State& s, std::vector<int>& devs) {
+  devs.clear();
+  for (int i = 0; i < int(s.devices.size()); i++)
+    if (s.devices[size_t(i)]->in_auto) devs.push_back(i);
+}
+
 // The devices a call may run on (a per-thread list, valid until the next call). Tensors that live
 // on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
 // other than the default device, are an error unless soft device mode moves them to the default
@@ -293,8 +300,7 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op,
   } else if (n == 1) {
     devs.push_back(0);
   } else {
-    for (int i = 0; i < n; i++)
-      if (s.devices[size_t(i)]->in_auto) devs.push_back(i);
+    auto_devices(s, devs);
     if (devs.size() > 1 && device_policy() == DevicePolicy::round_robin) {
       int pick = devs[s.round_robin++ % devs.size()];
       devs.assign(1, pick);
@@ -437,30 +443,37 @@ std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void**
   return err;
 }
 
-// Runs a queued call on its device. A GPU call first makes its tensors current there (copying only
-// what is stale) and waits for the device before it returns, so that the measured time, which
-// includes those copies, is the call's. Queued calls are always timed.
+// Runs a queued call on its device. A call first makes its tensors current where it runs (copying
+// only what is stale); a GPU call waits for the device before it returns, so that the measured
+// time is the call's. `seconds` leaves the copies out: the scheduler predicts them apart (its
+// transfer term). Queued calls are always timed. kernel_failed: the kernel itself failed (not the
+// copies around it).
 std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail::KernelArgs& args,
-                       const Clock& clock, double& seconds) {
+                       const Clock& clock, double& seconds, bool& kernel_failed) {
   ExecDevice& dev = *s.devices[size_t(d.device)];
   void** argv = args.argv();
-  double t0 = now_seconds(clock);
+  double t0 = now_seconds(clock), copied = 0;
   std::string err;
+  kernel_failed = false;
   if (!dev.mem) {
     try {
       args.prepare_host();
     } catch (const std::exception& e) {
       return g.op->name + ": " + e.what();
     }
+    copied = now_seconds(clock) - t0;
     err = run_kernel(s, g, d, argv);
+    kernel_failed = !err.empty();
     if (err.empty()) args.host_done();
-    seconds = now_seconds(clock) - t0;
+    seconds = now_seconds(clock) - t0 - copied;
     return err;
   }
   bool ran = false;
   try {
     args.prepare_device(*dev.mem);
+    copied = now_seconds(clock) - t0;
     err = run_kernel(s, g, d, argv);
+    kernel_failed = !err.empty();
     if (err.empty()) {
       dev.mem->sync(*args.halide_buffer(args.num_buffers() - 1));
       ran = true;
@@ -473,7 +486,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
   } catch (const std::exception& e) {
     if (err.empty()) err = g.op->name + ": " + e.what();
   }
-  seconds = now_seconds(clock) - t0;
+  seconds = now_seconds(clock) - t0 - copied;
   return err;
 }
 
@@ -488,8 +501,8 @@ std::string wait_for(const KernelGroup& g, const std::vector<detail::Dependency>
   return err;
 }
 
-// A failed call: a calibration run counts as done and its variant as never fastest, so that the
-// bucket's calibration completes; queue bookkeeping ends.
+// A call that failed around its kernel (a copy, GPU memory): a calibration run counts as done and
+// its variant as never fastest, so that the bucket's calibration completes; queue bookkeeping ends.
 void record_failure(State& s, const KernelGroup& g, Decision d, bool enqueued) {
   d.timed = d.calibrating;
   s.sched.finished(d, std::numeric_limits<double>::infinity(), enqueued);
@@ -504,6 +517,49 @@ void record_time(State& s, const KernelGroup& g, const Decision& d, double secon
   CallStats& c = s.calls[stats_key(g, d.variant, d.device)];
   c.timed++;
   c.seconds += seconds;
+}
+
+// A kernel can fail on one device or in one schedule (a driver that cannot build it, a launch the
+// GPU refuses) where others run. Its variant leaves the bucket on that device, and the next
+// decision for the call, if there is one, is returned to run it again.
+constexpr int kMaxFailovers = 3;
+std::optional<Decision> fail_over(State& s, const KernelGroup& g, const CallExtents& ext,
+                                  const std::vector<int>& devs, Clock& clock,
+                                  const detail::KernelArgs* args, const Decision& failed,
+                                  const std::string& err) {
+  Decision next = choose(s, g, ext, devs, clock, {}, args);
+  if (next.device == failed.device && next.variant == failed.variant) return std::nullopt;
+  if (s.log)
+    std::fprintf(stderr, "opforge dispatch: %s; trying %s %s instead\n", err.c_str(),
+                 s.devices[size_t(next.device)]->device.str().c_str(),
+                 g.variants[size_t(next.variant)].name.c_str());
+  return next;
+}
+
+// Runs a call whose kernel failed again on this thread, wherever the scheduler places it next, a
+// few times at most; returns the last error (empty: a try succeeded).
+std::string retry_elsewhere(State& s, const KernelGroup& g, const CallExtents& ext,
+                            const std::vector<int>& devs, Clock& clock, detail::KernelArgs& args,
+                            Decision d, std::string err) {
+  for (int tries = 0; tries < kMaxFailovers; tries++) {
+    auto next = fail_over(s, g, ext, devs, clock, &args, d, err);
+    if (!next) break;
+    d = std::move(*next);
+    args.set_context(s.devices[size_t(d.device)]->user_context);
+    double seconds = 0;
+    bool kernel_failed = false;
+    err = run_queued(s, g, d, args, clock, seconds, kernel_failed);
+    if (err.empty()) {
+      record_time(s, g, d, seconds, false);
+      break;
+    }
+    if (!kernel_failed) {
+      record_failure(s, g, d, false);
+      break;
+    }
+    s.sched.failed(d, false);
+  }
+  return err;
 }
 
 }  // namespace
@@ -613,14 +669,17 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   std::vector<int> devs = {pinned() ? exec_index(s, default_device(), g.op->name) : 0};
   Clock clock;
   Decision d = choose(s, g, ext, devs, clock);
-  if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->user_context;
-  double seconds = 0;
-  std::string err = run_inline(s, g, d, args, clock, seconds);
-  if (!err.empty()) {
-    record_failure(s, g, d, false);
-    throw Error(err);
+  for (int tries = 0;; tries++) {
+    if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->user_context;
+    double seconds = 0;
+    std::string err = run_inline(s, g, d, args, clock, seconds);
+    if (err.empty()) return record_time(s, g, d, seconds, false);
+    s.sched.failed(d, false);
+    auto next =
+        tries < kMaxFailovers ? fail_over(s, g, ext, devs, clock, nullptr, d, err) : std::nullopt;
+    if (!next) throw Error(err);
+    d = std::move(*next);
   }
-  record_time(s, g, d, seconds, false);
 }
 
 namespace detail {
@@ -651,14 +710,20 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
         err = g.op->name + ": " + e.what();
       }
     }
-    if (err.empty()) err = run_inline(s, g, d, args.argv(), clock, seconds);
-    if (err.empty()) args.host_done();
-    if (!err.empty()) {
-      record_failure(s, g, d, false);
-      throw Error(err);
+    bool kernel_failed = false;
+    if (err.empty()) {
+      err = run_inline(s, g, d, args.argv(), clock, seconds);
+      kernel_failed = !err.empty();
     }
+    if (err.empty()) {
+      args.host_done();
+      record_time(s, g, d, seconds, false);
+    } else if (kernel_failed) {
+      s.sched.failed(d, false);
+      err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
+    }
+    if (!err.empty()) throw Error(err);
     if (const auto& out = args.storage(last)) out->written_in_place();
-    record_time(s, g, d, seconds, false);
     return;
   }
 
@@ -672,19 +737,21 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   d.timed = true;  // every queued call is timed: the queue model needs its duration anyway
   double now = now_seconds(clock);
   auto done =
-      std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.predicted);
+      std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.occupies());
   std::vector<std::shared_ptr<Storage>> touched;
   for (int b = 0; b <= last; b++) touched.push_back(args.storage(b));
   s.sched.enqueued(d);
-  dev.queue->submit([&s, &g, d, clock, args = std::move(args), deps = std::move(deps),
+  bool placed = devs.size() > 1;  // by automatic placement: a failed kernel may go elsewhere
+  dev.queue->submit([&s, &g, d, ext, placed, clock, args = std::move(args), deps = std::move(deps),
                      done]() mutable {
     s.sched.started(d, now_seconds(clock));
     std::string err = wait_for(g, deps);
     double seconds = 0;
+    bool kernel_failed = false;
     if (err.empty()) {
       auto t0 = std::chrono::steady_clock::now();
       s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
-      err = run_queued(s, g, d, args, clock, seconds);
+      err = run_queued(s, g, d, args, clock, seconds, kernel_failed);
       s.devices[size_t(d.device)]->running_since = 0;
       s.devices[size_t(d.device)]->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                                   std::chrono::steady_clock::now() - t0)
@@ -692,8 +759,15 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     }
     if (err.empty()) {
       record_time(s, g, d, seconds, true);
+    } else if (kernel_failed) {
+      s.sched.failed(d, true);
+      std::vector<int> devs{d.device};
+      if (placed) auto_devices(s, devs);
+      err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
     } else {
       record_failure(s, g, d, true);
+    }
+    if (!err.empty()) {
       std::lock_guard<std::mutex> lock(s.error_mu);
       if (s.queued_error.empty()) s.queued_error = err;
     }

@@ -103,7 +103,12 @@ void KernelArgs::prepare_host() {
   for (int b = 0; b < nb_; b++) {
     Storage* st = storages_[size_t(b)].get();
     if (!st || !st->on_gpus() || bufs_[size_t(b)].b.size_in_bytes() == 0) continue;
-    bufs_[size_t(b)].b.host = static_cast<uint8_t*>(st->host_current()) + offsets_[size_t(b)];
+    halide_buffer_t& hb = bufs_[size_t(b)].b;
+    hb.host = static_cast<uint8_t*>(st->host_current()) + offsets_[size_t(b)];
+    // Where a GPU try failed before, the buffer still names its device copy.
+    hb.device = 0;
+    hb.device_interface = nullptr;
+    hb.flags = 0;
   }
 }
 

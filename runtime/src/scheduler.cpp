@@ -86,9 +86,12 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   // eligible (device, variant) is timed a few times before the model is trusted.
   Entry* cal = nullptr;
   int cal_device = 0;
+  bool any_left = false;
   for (const auto& c : cands) {
     OPFORGE_CHECK(c.variants != 0) << "scheduler: device " << c.device << " has no variant";
     Entry& e = entry(key, c.device, c.variants);
+    any_left = any_left || !e.variants.empty();
+    if (e.variants.empty()) continue;
     bool choice = e.variants.size() > 1 || cands.size() > 1;
     if (choice && e.calibration_issued < runs * int(e.variants.size()) &&
         (!cal || e.calibration_issued < cal->calibration_issued)) {
@@ -96,11 +99,19 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
       cal_device = c.device;
     }
   }
+  if (!any_left) {
+    // Every variant failed everywhere: run the first again, untimed, so that the caller sees why.
+    d.device = cands[0].device;
+    while (!((cands[0].variants >> d.variant) & 1)) d.variant++;
+    return d;
+  }
   if (cal) {
     int slot = cal->calibration_issued++ % int(cal->variants.size());
+    cal->stats[size_t(slot)].issued++;
     d.device = cal_device;
     d.variant = cal->variants[size_t(slot)];
     d.timed = d.calibrating = true;
+    if (size_t(cal_device) < transfer.size()) d.transfer = transfer[size_t(cal_device)];
     return d;
   }
 
@@ -108,6 +119,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   Entry* chosen = nullptr;
   for (const auto& c : cands) {
     Entry& e = entry(key, c.device, c.variants);
+    if (e.variants.empty()) continue;
     const DeviceState& s = dev(c.device);
     PlacementCost pc;
     pc.device = c.device;
@@ -125,6 +137,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
       best_completion = pc.completion;
       d.device = c.device;
       d.predicted = pc.run;
+      d.transfer = pc.transfer;
     }
     if (explain) d.costs.push_back(pc);
   }
@@ -170,27 +183,54 @@ void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating) {
 void Scheduler::enqueued(const Decision& d) {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceState& s = dev(d.device);
-  s.queued += d.predicted;
+  s.queued += d.occupies();
   s.length++;
 }
 
 void Scheduler::started(const Decision& d, double now) {
   std::lock_guard<std::mutex> lock(mu_);
   DeviceState& s = dev(d.device);
-  s.queued = std::max(0.0, s.queued - d.predicted);
+  s.queued = std::max(0.0, s.queued - d.occupies());
   s.running = true;
-  s.running_predicted = d.predicted;
+  s.running_predicted = d.occupies();
   s.running_start = now;
 }
 
-void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Scheduler::end_queued(const Decision& d, bool was_enqueued) {
   DeviceState& s = dev(d.device);
   if (was_enqueued) {
     s.length--;
     s.running = false;
     if (s.length == 0) s.queued = 0;  // rounding must not leave phantom work behind
   }
+}
+
+void Scheduler::failed(const Decision& d, bool was_enqueued) {
+  std::lock_guard<std::mutex> lock(mu_);
+  end_queued(d, was_enqueued);
+  if (d.generation != generation_) return;
+  auto it = model_.find(d.key | (uint64_t(d.device) << kDeviceShift));
+  if (it == model_.end()) return;
+  Entry& e = it->second;
+  auto pos = std::find(e.variants.begin(), e.variants.end(), d.variant);
+  if (pos == e.variants.end()) return;
+  size_t slot = size_t(pos - e.variants.begin());
+  // Its calibration runs no longer count towards the bucket's.
+  e.calibration_issued -= e.stats[slot].issued;
+  e.calibration_done -= int(e.stats[slot].calibration.size());
+  e.variants.erase(pos);
+  e.stats.erase(e.stats.begin() + std::ptrdiff_t(slot));
+  e.best = 0;
+  e.explore_next = 0;
+  if (e.variants.size() > 1 && e.calibrated(policy_.calibration_runs))
+    for (int i = 1; i < int(e.stats.size()); i++)
+      if (e.stats[size_t(i)].estimate < e.stats[size_t(e.best)].estimate) e.best = i;
+}
+
+void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceState& s = dev(d.device);
+  end_queued(d, was_enqueued);
   if (!d.timed || d.generation != generation_) return;
   auto it = model_.find(d.key | (uint64_t(d.device) << kDeviceShift));
   if (it == model_.end()) return;

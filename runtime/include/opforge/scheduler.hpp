@@ -34,6 +34,9 @@ struct Decision {
   bool timed = false;        // the run's time must be reported back with finished()
   bool calibrating = false;  // the run is one of a new bucket's calibration runs
   double predicted = 0;      // seconds, load included (0 while uncalibrated)
+  double transfer = 0;       // seconds to copy its inputs there first
+  // How long the call will hold its device: the copies, then the run.
+  double occupies() const { return transfer + predicted; }
   uint64_t key = 0;
   uint64_t generation = 0;
   std::vector<PlacementCost> costs;  // filled when asked to explain
@@ -65,6 +68,11 @@ class Scheduler {
   void started(const Decision& d, double now);
   // seconds: the measured run time (used when d.timed). Also ends the queue entry if enqueued.
   void finished(const Decision& d, double seconds, bool was_enqueued);
+  // The call's kernel failed: that variant is dropped from the bucket on that device (a device
+  // none of whose variants is left gets no more of the bucket's calls, unless every candidate is
+  // in that state: then the first is chosen, so that its error reaches the caller). Also ends the
+  // queue entry if enqueued.
+  void failed(const Decision& d, bool was_enqueued);
 
   // The device's slowdown from work that is not ours (1 = idle machine); measurements are divided
   // by it before they enter the model, and predictions multiplied.
@@ -77,6 +85,7 @@ class Scheduler {
 
  private:
   struct VariantStats {
+    int issued = 0;  // calibration runs handed out
     std::vector<double> calibration;
     double estimate = 0;
     int outliers = 0;
@@ -99,6 +108,7 @@ class Scheduler {
   };
   Entry& entry(uint64_t key, int device, uint32_t variants);
   void record(Entry& e, int slot, double seconds, bool calibrating);
+  void end_queued(const Decision& d, bool was_enqueued);
   DeviceState& dev(int d);
   const DeviceState* find_dev(int d) const;
   double ready_locked(int d, double now) const;
