@@ -117,7 +117,8 @@ std::vector<VariantRow> op_variants(const OpInfo& op) {
   std::set<std::string> seen;
   for (const auto& [key, group] : op.groups) {
     for (const VariantInfo& v : group.variants) {
-      if (!seen.insert(v.name).second) continue;
+      // The same schedule is generated for several GPU APIs: a row per (name, target).
+      if (!seen.insert(v.name + "@" + (v.kernel ? v.kernel->target : "")).second) continue;
       VariantRow row{v.name, "", {}};
       if (v.kernel) {
         row.target = v.kernel->target;
