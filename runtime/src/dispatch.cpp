@@ -741,9 +741,12 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   std::vector<std::shared_ptr<Storage>> touched;
   for (int b = 0; b <= last; b++) touched.push_back(args.storage(b));
   s.sched.enqueued(d);
-  bool placed = devs.size() > 1;  // by automatic placement: a failed kernel may go elsewhere
-  dev.queue->submit([&s, &g, d, ext, placed, clock, args = std::move(args), deps = std::move(deps),
-                     done]() mutable {
+  // Where a failed kernel may go: a forced variant stays (as the force was when the call was made);
+  // automatic placement may use another device.
+  bool may_fail_over = !s.any_forced.load(std::memory_order_relaxed);
+  bool placed = devs.size() > 1;
+  dev.queue->submit([&s, &g, d, ext, may_fail_over, placed, clock, args = std::move(args),
+                     deps = std::move(deps), done]() mutable {
     s.sched.started(d, now_seconds(clock));
     std::string err = wait_for(g, deps);
     double seconds = 0;
@@ -763,7 +766,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       s.sched.failed(d, true);
       std::vector<int> devs{d.device};
       if (placed) auto_devices(s, devs);
-      err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
+      if (may_fail_over) err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
     } else {
       record_failure(s, g, d, true);
     }

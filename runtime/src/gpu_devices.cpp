@@ -374,7 +374,18 @@ size_t index_of(void* user_context) {
 
 constexpr int kClDeviceNotFound = -1;
 
+// Halide 14 spells every OpenCL compare-and-swap atomic_cmpxchg, which OpenCL C defines for 32-bit
+// integers only: 64-bit ones (float64 and int64 reductions that Li2018 schedules with atomics) fail
+// to build. atom_cmpxchg is the same operation for both widths (cl_khr_*_base_atomics, which the
+// kernels enable). PoCL renames the builtins in a header of its own (atomic_cmpxchg to
+// _cl_atomic_cmpxchg), hence the second definition, and warns that it redefines the first: -w, as
+// warnings about generated code are nothing a user can act on.
+constexpr const char* kClBuildOptions =
+    "-w -Datomic_cmpxchg=atom_cmpxchg -D_cl_atomic_cmpxchg=_cl_atom_cmpxchg";
+
 int create(ClDevice& d, size_t index) {
+  static const bool options_set = (halide_opencl_set_build_options(kClBuildOptions), true);
+  (void)options_set;
   using CreateContext = void* (*)(const intptr_t*, unsigned, void* const*, void*, void*, int*);
   using CreateQueue = void* (*)(void*, void*, uint64_t, int*);
   using Release = int (*)(void*);

@@ -1,5 +1,8 @@
 // Elementwise ops: out = f(inputs) per element, with NumPy broadcasting done by the runtime.
 #pragma once
+#include <cstdint>
+#include <cstring>
+
 #include "opforge/dsl/op.hpp"
 
 namespace opforge::ops {
@@ -20,6 +23,15 @@ inline Expr nan_min(const EwArgs& a) {
              ? select(Halide::is_nan(a[0]), a[0], select(Halide::is_nan(a[1]), a[1], m))
              : m;
 }
+// A constant of type t. A float64 one is spelled as its bits: Halide 14's C and OpenCL C code
+// generators print float constants through a 32-bit float, so 2/sqrt(pi) would reach an OpenCL
+// float64 kernel correct to 7 digits only.
+inline Expr constant(const Halide::Type& t, double v) {
+  if (t != Halide::Float(64)) return Halide::cast(t, Expr(v));
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return Halide::reinterpret(t, Halide::Expr(bits));
+}
 // float64 erf without the C library, which GPU code cannot call (CUDA's PTX would leave erf
 // unresolved): below 3 the series erf(x) = 2/sqrt(pi) exp(-x^2) sum 2^n x^(2n+1) / (2n+1)!!, whose
 // terms are all positive (45 terms: 1e-15 relative); from 3 on, 1 - erfc(x) with erfc from its
@@ -31,10 +43,10 @@ inline Expr erf_f64(const Expr& x) {
     term = term * (2 * a2 / (2 * n + 1));
     sum = sum + term;
   }
-  Expr series = Expr(2 / std::sqrt(M_PI)) * Halide::exp(-a2) * sum;
+  Expr series = constant(x.type(), 2 / std::sqrt(M_PI)) * Halide::exp(-a2) * sum;
   Expr k = a;
   for (int n = 20; n >= 1; n--) k = a + Expr(n / 2.0) / k;
-  Expr tail = 1 - Halide::exp(-a2) / (Expr(std::sqrt(M_PI)) * k);
+  Expr tail = 1 - Halide::exp(-a2) / (constant(x.type(), std::sqrt(M_PI)) * k);
   Expr v = select(a < 3, series, a < 6, tail, Expr(1.0));
   return select(x < 0, -v, v);
 }
@@ -134,7 +146,7 @@ inline const auto elementwise_ops = hana::make_tuple(
     unary("gelu", floats,
           [](const EwArgs& a) {
             return a[0] * Halide::cast(a.type, Expr(0.5)) *
-                   (1 + detail::erf_any(a[0] * Halide::cast(a.type, Expr(M_SQRT1_2))));
+                   (1 + detail::erf_any(a[0] * detail::constant(a.type, M_SQRT1_2)));
           }),
     unary("softplus", floats,
           [](const EwArgs& a) {
