@@ -235,4 +235,38 @@ TEST(Scheduler, QueuedWorkIncludesTheCopies) {
   EXPECT_NEAR(s.ready_in(0, 1e-3), 0, 1e-12);
 }
 
+// Work that moved off a device whose times rose comes back once a re-timing shows it fast again.
+TEST(Scheduler, ADeviceFastAgainWinsItsWorkBack) {
+  Scheduler s;
+  DispatchPolicy p;
+  p.explore_every = 16;
+  p.retime_every = 1000;
+  s.set_policy(p);
+  calibrate(s, [](int dev, int) { return dev == 0 ? 1e-3 : 2e-3; });
+  // Device 0 slows down for good (3 slow runs of a variant in a row move its estimate): work goes
+  // to device 1 once both its variants were measured slow.
+  int slow_runs = 0;
+  for (Decision d; (d = s.decide(kKey, two_devices(), {}, 0)).device == 0 && slow_runs < 10;
+       slow_runs++) {
+    d.timed = true;
+    s.finished(d, 1e-2, false);
+  }
+  EXPECT_EQ(slow_runs, 6);
+  EXPECT_EQ(s.decide(kKey, two_devices(), {}, 0).device, 1);
+  // Device 0 is fast again, but only a measurement can tell: within explore_every calls it gets
+  // one, and then its work.
+  int explored_at = -1;
+  for (int i = 0; i < 20 && explored_at < 0; i++) {
+    Decision d = s.decide(kKey, two_devices(), {}, 0);
+    if (d.device == 0) {
+      EXPECT_TRUE(d.exploring && d.timed);
+      explored_at = i;
+    }
+    s.finished(d, d.device == 0 ? 1e-3 : 2e-3, false);
+  }
+  EXPECT_GE(explored_at, 0);
+  EXPECT_LT(explored_at, p.explore_every);
+  for (int i = 0; i < 5; i++) EXPECT_EQ(s.decide(kKey, two_devices(), {}, 0).device, 0);
+}
+
 }  // namespace

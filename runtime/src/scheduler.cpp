@@ -141,12 +141,26 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     }
     if (explain) d.costs.push_back(pc);
   }
+  // A device passed over explore_every times is timed once more: what made it slow (load on a
+  // GPU that has no load meter, another process) may have gone, and only a measurement says so.
+  for (const auto& c : cands) {
+    Entry& e = entry(key, c.device, c.variants);
+    if (&e == chosen || e.variants.empty() || ++e.passed_over < policy_.explore_every ||
+        d.exploring)
+      continue;
+    chosen = &e;
+    d.device = c.device;
+    d.predicted = e.stats[size_t(e.best)].estimate * dev(c.device).load;
+    d.transfer = size_t(c.device) < transfer.size() ? transfer[size_t(c.device)] : 0.0;
+    d.timed = d.exploring = true;
+  }
   Entry& e = *chosen;
+  e.passed_over = 0;
   int n = int(e.variants.size());
   int slot = e.best;
   ++e.calls;
-  if (n > 1 && e.calls % uint64_t(policy_.explore_every) == 0) {
-    slot = e.explore_next++ % n;
+  if (!d.exploring && n > 1 && e.calls % uint64_t(policy_.explore_every) == 0) {
+    slot = e.explore_next++ % n;  // another variant on this device, timed
     d.timed = true;
   } else if (e.calls % uint64_t(policy_.retime_every) == 0) {
     d.timed = true;
@@ -156,12 +170,17 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   return d;
 }
 
-void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating) {
+void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, bool exploring) {
   VariantStats& s = e.stats[size_t(slot)];
   if (calibrating) {
     s.calibration.push_back(seconds);
     s.estimate = median(s.calibration);
     e.calibration_done++;
+  } else if (exploring && seconds < s.estimate) {
+    // A device that became faster again gets its work back now, not after many calls it would
+    // not be given on the old estimate.
+    s.estimate = seconds;
+    s.outliers = 0;
   } else if (s.estimate > 0 && seconds > 3 * s.estimate) {
     // A page fault or a preempted thread must not move the estimate; a lasting change will.
     if (++s.outliers >= 3) {
@@ -237,7 +256,7 @@ void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
   Entry& e = it->second;
   auto pos = std::find(e.variants.begin(), e.variants.end(), d.variant);
   if (pos == e.variants.end()) return;
-  record(e, int(pos - e.variants.begin()), seconds / s.load, d.calibrating);
+  record(e, int(pos - e.variants.begin()), seconds / s.load, d.calibrating, d.exploring);
 }
 
 void Scheduler::set_load(int device, double factor) {

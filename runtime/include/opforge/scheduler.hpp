@@ -15,7 +15,8 @@ namespace opforge {
 struct DispatchPolicy {
   int calibration_runs = 3;  // timed runs of each eligible variant on each device in a new bucket
   int retime_every = 128;    // re-time the chosen variant every N calls to a device
-  int explore_every = 2048;  // time another variant every N calls to a device
+  int explore_every = 2048;  // time another variant every N calls to a device, and a device
+                             // passed over N times
 };
 
 // What one candidate placement was expected to cost, as OPFORGE_LOG=dispatch prints it.
@@ -33,6 +34,7 @@ struct Decision {
   int device = 0, variant = 0;
   bool timed = false;        // the run's time must be reported back with finished()
   bool calibrating = false;  // the run is one of a new bucket's calibration runs
+  bool exploring = false;    // the run re-times a device the model has long passed over
   double predicted = 0;      // seconds, load included (0 while uncalibrated)
   double transfer = 0;       // seconds to copy its inputs there first
   // How long the call will hold its device: the copies, then the run.
@@ -97,6 +99,7 @@ class Scheduler {
     int best = 0;  // index into variants
     uint64_t calls = 0;
     int explore_next = 0;
+    int passed_over = 0;  // calls of the bucket that went to another device since the last here
     bool calibrated(int runs) const { return calibration_done >= runs * int(variants.size()); }
   };
   struct DeviceState {
@@ -107,7 +110,7 @@ class Scheduler {
     double running_predicted = 0, running_start = 0;
   };
   Entry& entry(uint64_t key, int device, uint32_t variants);
-  void record(Entry& e, int slot, double seconds, bool calibrating);
+  void record(Entry& e, int slot, double seconds, bool calibrating, bool exploring);
   void end_queued(const Decision& d, bool was_enqueued);
   DeviceState& dev(int d);
   const DeviceState* find_dev(int d) const;
