@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -334,6 +335,68 @@ TEST(TwoOpenClDevices, EachRunsKernelsAndMixedInputsNeedSoftMode) {
   }
   EXPECT_GT(memory_allocated(cl0), 0u);
   EXPECT_GT(memory_allocated(cl1), 0u);
+}
+
+}  // namespace
+
+namespace {
+
+// Automatic placement with a GPU among the candidates. PoCL's device runs on the host's cores, so
+// automatic placement leaves it out unless OPFORGE_AUTO_CPU_OPENCL=1, which the ctest
+// gpu_auto_placement sets: then these paths run without a GPU.
+class GpuAutoPlacement : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* v = std::getenv("OPFORGE_AUTO_CPU_OPENCL");
+    if (!v || std::string(v) != "1") GTEST_SKIP() << "OPFORGE_AUTO_CPU_OPENCL is not 1";
+    if (!device_exists(gpu_)) GTEST_SKIP() << "no opencl:0 on this machine";
+    reset_performance_model();
+  }
+  void TearDown() override { set_memory_fraction(gpu_, 1.0); }
+  int64_t calls_on(const Device& d, const std::string& op) const {
+    int64_t n = 0;
+    for (const auto& s : dispatch_stats())
+      if (s.device == d && s.op == op) n += s.calls;
+    return n;
+  }
+  Device gpu_{DeviceKind::opencl, 0};
+};
+
+TEST_F(GpuAutoPlacement, HostCallsGoToTheGpuTooAndStayCorrect) {
+  Generator g(11);
+  Tensor a = Tensor::rand({96, 80}, DType::Float32, g),
+         b = Tensor::rand({80, 64}, DType::Float32, g);
+  std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
+  for (int round = 0; round < 12; round++) {
+    Tensor c = matmul(a, b);  // host tensors, no default device: placed automatically
+    EXPECT_EQ(c.device().kind, DeviceKind::cpu) << "a host call's result lives on the host";
+    std::vector<float> cv = c.to_vector<float>();
+    for (int i = 0; i < 96; i += 19)
+      for (int j = 0; j < 64; j += 13) {
+        double want = 0;
+        for (int k = 0; k < 80; k++)
+          want += double(av[size_t(i * 80 + k)]) * bv[size_t(k * 64 + j)];
+        EXPECT_NEAR(cv[size_t(i * 64 + j)], want, 1e-4 * (1 + std::fabs(want)));
+      }
+  }
+  EXPECT_GT(calls_on(gpu_, "matmul"), 0) << "calibration tries the GPU";
+}
+
+// A GPU out of memory is no error for a call that automatic placement sent there: it runs on
+// another device.
+TEST_F(GpuAutoPlacement, AGpuOutOfMemoryFallsBackToAnotherDevice) {
+  synchronize();
+  empty_cache(gpu_);
+  set_memory_fraction(gpu_, double(memory_allocated(gpu_) + 4096) / double(total_mem_on_dev(gpu_)));
+  Tensor x = Tensor::full({1 << 18}, 1.5), y = Tensor::full({1 << 18}, 2.0);  // 1 MiB each
+  std::string err = message_of([&] {
+    for (int i = 0; i < 12; i++) {
+      Tensor z = add(x, y);
+      EXPECT_EQ(z.to_vector<float>()[1000], 3.5f);
+    }
+  });
+  EXPECT_EQ(err, "(no error)");
+  EXPECT_GT(calls_on(gpu_, "add"), 0) << "the GPU was tried";
 }
 
 }  // namespace

@@ -101,6 +101,16 @@ DevicePolicy initial_device_policy() {
   throw Error("OPFORGE_DEVICE_POLICY: '" + std::string(v) + "' is not auto or round_robin");
 }
 
+// OPFORGE_AUTO_CPU_OPENCL=1: automatic placement also uses OpenCL devices that run on the host's
+// cores (PoCL), which it otherwise leaves to the calls pinned there; the GPU placement paths can
+// then run on a machine without a GPU.
+bool auto_cpu_opencl() {
+  const char* v = std::getenv("OPFORGE_AUTO_CPU_OPENCL");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw Error("OPFORGE_AUTO_CPU_OPENCL: '" + std::string(v) + "' is not 0 or 1");
+}
+
 struct State {
   Scheduler sched;
   std::mutex mu;                                  // guards what follows
@@ -158,7 +168,7 @@ struct State {
       d->device = info.device;
       d->mem = mem;
       d->user_context = mem->user_context();
-      d->in_auto = !info.shares_cpu_cores;
+      d->in_auto = !info.shares_cpu_cores || auto_cpu_opencl();
       d->queue = std::make_unique<detail::DeviceQueue>(int(devices.size()), std::vector<int>{});
       if (info.shares_cpu_cores) d->meter = std::make_unique<detail::LoadMeter>(all_cores, nullptr);
       devices.push_back(std::move(d));
@@ -750,8 +760,8 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     s.sched.started(d, now_seconds(clock));
     std::string err = wait_for(g, deps);
     double seconds = 0;
-    bool kernel_failed = false;
-    if (err.empty()) {
+    bool kernel_failed = false, inputs_ok = err.empty();
+    if (inputs_ok) {
       auto t0 = std::chrono::steady_clock::now();
       s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
       err = run_queued(s, g, d, args, clock, seconds, kernel_failed);
@@ -769,6 +779,14 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       if (may_fail_over) err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
     } else {
       record_failure(s, g, d, true);
+      // The copies or the device's memory failed (a GPU out of memory): a call that automatic
+      // placement sent there runs on another device instead.
+      std::vector<int> others;
+      if (inputs_ok && may_fail_over && placed) {
+        auto_devices(s, others);
+        others.erase(std::remove(others.begin(), others.end(), d.device), others.end());
+      }
+      if (!others.empty()) err = retry_elsewhere(s, g, ext, others, clock, args, d, err);
     }
     if (!err.empty()) {
       std::lock_guard<std::mutex> lock(s.error_mu);
