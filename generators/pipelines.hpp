@@ -32,8 +32,13 @@ struct Pipeline {
       if (a.name() == name) return a;
     throw std::runtime_error("pipeline " + op + " has no integer attribute " + name);
   }
-  Func out, acc;          // acc: the accumulation of contraction and window ops
-  Func padded;            // window: the input with its zero border
+  Func out, acc;  // acc: the accumulation of contraction and window ops
+  Func padded;    // window: the input with its zero border
+  // reduction: the inline reductions over a row that must be computed once per row, not where
+  // Halide puts a reduction by default (the innermost loop of its consumer): every one a
+  // normalize op's output reads (a softmax row's max and sum, else recomputed for each element),
+  // and a reduce op's reductions that feed another (var's mean, else recomputed for each term).
+  std::vector<Func> row_reductions;
   std::vector<Var> vars;  // out's pure vars, innermost first
   // Sets estimates for an autoscheduler at the given size; returns the call extents below which
   // the resulting schedule may be invalid.
@@ -178,6 +183,15 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   }
   p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
   bool normalize = op.kind == ReductionKind::normalize;
+  std::vector<Halide::Internal::Function> reductions;
+  for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
+    if (name != p.out.name() && f.has_update_definition()) reductions.push_back(f);
+  for (const auto& f : reductions) {
+    bool feeds_another = false;
+    for (const auto& g : reductions)
+      feeds_another = feeds_another || Halide::Internal::find_direct_calls(g).count(f.name());
+    if (normalize || feeds_another) p.row_reductions.emplace_back(f);
+  }
   p.set_estimates = [p, normalize](int64_t size) mutable {
     std::vector<int64_t> ext = {1, size, size};
     p.inputs[0].set_estimates(detail::ranges(ext));

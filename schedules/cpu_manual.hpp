@@ -46,6 +46,7 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   Var i = p.vars.front(), o = p.vars.back();
   p.out.specialize(ob.dim(0).extent() >= v).parallel(o).vectorize(i, v);
   p.out.parallel(o);
+  for (Func& f : p.row_reductions) f.compute_at(p.out, o);
 }
 
 inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::Target& t,

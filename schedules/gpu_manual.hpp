@@ -8,17 +8,32 @@
 
 namespace opforge::schedules {
 
-// All pure dims fused into one and split over blocks of `threads` threads.
+// All pure dims fused into one and split over blocks of `threads` threads. A reduction that feeds
+// another (var's mean) is computed once per thread, before the one it feeds.
 inline void gpu_flat(gen::Pipeline& p, int threads) {
   std::vector<Halide::Var>& x = p.vars;
   Halide::Var f("f"), b("b"), t("t");
   if (x.size() == 1) {
     p.out.gpu_tile(x[0], b, t, threads, Halide::TailStrategy::GuardWithIf);
-    return;
+  } else {
+    p.out.fuse(x[0], x[1], f);
+    for (size_t d = 2; d < x.size(); d++) p.out.fuse(f, x[d], f);
+    p.out.gpu_tile(f, b, t, threads, Halide::TailStrategy::GuardWithIf);
   }
-  p.out.fuse(x[0], x[1], f);
-  for (size_t d = 2; d < x.size(); d++) p.out.fuse(f, x[d], f);
-  p.out.gpu_tile(f, b, t, threads, Halide::TailStrategy::GuardWithIf);
+  for (Halide::Func& r : p.row_reductions) r.compute_at(p.out, t);
+}
+
+// A normalize op's out(i, k, o): a block per row (i, o), its threads over k; the row's reductions
+// (softmax's max and sum) are computed once per block, which the block's threads then share.
+inline void gpu_rows(gen::Pipeline& p, int threads) {
+  Halide::Var i = p.vars[0], k = p.vars[1], o = p.vars[2], row("row"), ko("ko"), ki("ki");
+  p.out.reorder(k, i, o)
+      .fuse(i, o, row)
+      .split(k, ko, ki, threads, Halide::TailStrategy::GuardWithIf)
+      .reorder(ki, ko, row)
+      .gpu_blocks(row)
+      .gpu_threads(ki);
+  for (Halide::Func& r : p.row_reductions) r.compute_at(p.out, row);
 }
 
 // Two dims in 16x16 thread tiles, the remaining dims fused into the second block dimension.
@@ -33,9 +48,15 @@ inline void gpu_tile_2d(gen::Pipeline& p) {
 
 inline std::vector<int64_t> schedule_gpu(gen::Pipeline& p) {
   switch (p.family) {
+    case dsl::Family::reduction:
+      if (p.vars.size() == 3) {  // normalize: out keeps the reduced axis
+        gpu_rows(p, 128);
+        break;
+      }
+      gpu_flat(p, 128);
+      break;
     case dsl::Family::elementwise:
     case dsl::Family::movement:
-    case dsl::Family::reduction:
       gpu_flat(p, 128);
       break;
     case dsl::Family::contraction:

@@ -165,6 +165,42 @@ TEST(Reduction, Int32SumAndProdAccumulateInInt64) {
   expect_close(opforge::prod(y), {65536.0 * 65536.0 * 3}, {}, DType::Int64);
 }
 
+// A float32 running sum stops growing at 2^24 times its addend (20M ones would sum to 16777216):
+// sums accumulate wider. Each CPU variant of sum on rows that start at 2^24, then the ops built on
+// sums over 20M elements.
+TEST(Reduction, LongFloat32SumsDoNotStall) {
+  std::vector<double> rows(64 * 4096, 1.0);
+  for (size_t i = 0; i < rows.size(); i += 4096) rows[i] = 16777216.0;
+  Tensor x = make(rows, {64, 4096}, DType::Float32);
+  for (const auto& v : opforge::op_info("sum").group("float32").variants) {
+    if (v.kind != opforge::DeviceKind::cpu) continue;
+    SCOPED_TRACE(v.name);
+    std::vector<float> got;
+    {
+      struct Force {
+        explicit Force(const std::string& n) { opforge::force_variant(n); }
+        ~Force() { opforge::force_variant(""); }
+      } force(v.name);
+      got = opforge::sum(x, {1}).to_vector<float>();
+    }
+    for (float r : got) EXPECT_NEAR(r, 16777216.0 + 4095, 1.0);
+  }
+  const int64_t n = 20'000'000;
+  opforge::Generator g(5);
+  Tensor r = Tensor::rand({n}, DType::Float32, g);
+  std::vector<float> rv = r.to_vector<float>();
+  double want = 0, want_sq = 0;
+  for (float v : rv) want += v;
+  for (float v : rv) want_sq += (v - want / double(n)) * (v - want / double(n));
+  EXPECT_EQ(opforge::sum(Tensor::ones({n})).item(), double(n));
+  EXPECT_NEAR(opforge::sum(r).item(), want, 1e-6 * want);
+  EXPECT_EQ(opforge::mean(Tensor::ones({n})).item(), 1.0);
+  EXPECT_NEAR(opforge::mean(r).item(), want / double(n), 1e-6);
+  EXPECT_NEAR(opforge::var(r).item(), want_sq / double(n), 1e-6 * want_sq / double(n));
+  Tensor sm = opforge::softmax(Tensor::zeros({n}), 0);
+  EXPECT_NEAR(sm.to_vector<float>()[12345], 1.0 / double(n), 1e-6 / double(n));
+}
+
 TEST(Reduction, SumOfAnEmptyAxisIsZero) {
   Tensor x = Tensor::zeros({0, 3}, DType::Float32);
   expect_close(opforge::sum(x, {0}), {0, 0, 0}, {3}, DType::Float32);

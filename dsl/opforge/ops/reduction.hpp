@@ -16,7 +16,20 @@ inline Expr finite_max(const RedArgs& a) {
   Expr m = Halide::maximum(a.x(a.r));
   return select(Halide::is_finite(m), m, Halide::cast(a.type, 0));
 }
-inline Expr mean(const RedArgs& a) { return Halide::sum(a.x(a.r)) / Halide::cast(a.type, a.n); }
+// Sums of float32 accumulate in float64. A float32 running sum stops growing once it is 2^24 times
+// the addend (20 million ones would sum to 16777216); NumPy's pairwise and PyTorch's cascade
+// summation avoid that, and so does the wider accumulator, at no cost to a loop bound by memory.
+inline Halide::Type acc_type(const Halide::Type& t) {
+  return t == Halide::Float(32) ? Halide::Float(64) : t;
+}
+inline Expr acc_sum(const Expr& e) { return Halide::sum(Halide::cast(acc_type(e.type()), e)); }
+// In the accumulator's type.
+inline Expr mean(const RedArgs& a) {
+  return acc_sum(a.x(a.r)) / Halide::cast(acc_type(a.type), a.n);
+}
+inline Expr sum_exp_shifted(const RedArgs& a, const Expr& m) {
+  return Halide::cast(a.type, acc_sum(Halide::exp(a.x(a.r) - m)));
+}
 inline Expr nan_aware(const RedArgs& a, const Expr& v) {
   return a.type.is_float() ? select(any_nan(a), Halide::cast(a.type, NAN), v) : v;
 }
@@ -25,9 +38,11 @@ inline Expr nan_aware(const RedArgs& a, const Expr& v) {
 inline const auto reduction_ops = hana::make_tuple(
     reduce(
         "sum", numeric,
-        [](const RedArgs& a) { return Halide::sum(Halide::cast(a.out_type, a.x(a.r))); },
+        [](const RedArgs& a) {
+          return Halide::cast(a.out_type, detail::acc_sum(Halide::cast(a.out_type, a.x(a.r))));
+        },
         widen_int),
-    reduce("mean", floats, [](const RedArgs& a) { return detail::mean(a); }),
+    reduce("mean", floats, [](const RedArgs& a) { return Halide::cast(a.type, detail::mean(a)); }),
     reduce(
         "prod", numeric,
         [](const RedArgs& a) { return Halide::product(Halide::cast(a.out_type, a.x(a.r))); },
@@ -45,34 +60,38 @@ inline const auto reduction_ops = hana::make_tuple(
     reduce("logsumexp", floats,
            [](const RedArgs& a) {
              Expr m = detail::finite_max(a);
-             return m + Halide::log(Halide::sum(Halide::exp(a.x(a.r) - m)));
+             return m + Halide::log(detail::sum_exp_shifted(a, m));
            }),
     reduce(
         "var", floats,
         [](const RedArgs& a) {
-          Expr d = a.x(a.r) - detail::mean(a);
-          return Halide::sum(d * d) / (Halide::cast(a.type, a.n) - a.attr["ddof"]);
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr d = Halide::cast(acc, a.x(a.r)) - detail::mean(a);
+          return Halide::cast(a.type, detail::acc_sum(d * d) / (Halide::cast(acc, a.n) -
+                                                                Halide::cast(acc, a.attr["ddof"])));
         },
         same, "ddof"),
     normalize("softmax", floats,
               [](const RedArgs& a) {
                 Expr m = detail::finite_max(a);
-                return Halide::exp(a.x(a.k) - m) / Halide::sum(Halide::exp(a.x(a.r) - m));
+                return Halide::exp(a.x(a.k) - m) / detail::sum_exp_shifted(a, m);
               }),
     normalize("log_softmax", floats,
               [](const RedArgs& a) {
                 Expr m = detail::finite_max(a);
-                return a.x(a.k) - m - Halide::log(Halide::sum(Halide::exp(a.x(a.r) - m)));
+                return a.x(a.k) - m - Halide::log(detail::sum_exp_shifted(a, m));
               }),
     // extra inputs: weight(k), bias(k); attribute: eps
     normalize(
         "layer_norm", floats,
         [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
           Expr mu = detail::mean(a);
-          Expr d = a.x(a.r) - mu;
-          Expr var = Halide::sum(d * d) / Halide::cast(a.type, a.n);
-          return (a.x(a.k) - mu) / Halide::sqrt(var + a.attr["eps"]) * a.extra[0](a.k) +
-                 a.extra[1](a.k);
+          Expr d = Halide::cast(acc, a.x(a.r)) - mu;
+          Expr var = detail::acc_sum(d * d) / Halide::cast(acc, a.n);
+          Expr normed = (Halide::cast(acc, a.x(a.k)) - mu) /
+                        Halide::sqrt(var + Halide::cast(acc, a.attr["eps"]));
+          return Halide::cast(a.type, normed) * a.extra[0](a.k) + a.extra[1](a.k);
         },
         "eps", 2));
 
