@@ -188,8 +188,9 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     if (name != p.out.name() && f.has_update_definition()) reductions.push_back(f);
   for (const auto& f : reductions) {
     bool feeds_another = false;
-    for (const auto& g : reductions)
-      feeds_another = feeds_another || Halide::Internal::find_direct_calls(g).count(f.name());
+    for (const auto& g : reductions)  // (an update calls its own Func: not "another")
+      feeds_another = feeds_another || (g.name() != f.name() &&
+                                        Halide::Internal::find_direct_calls(g).count(f.name()));
     if (normalize || feeds_another) p.row_reductions.emplace_back(f);
   }
   p.set_estimates = [p, normalize](int64_t size) mutable {

@@ -45,8 +45,19 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   Halide::OutputImageParam ob = p.out.output_buffer();
   Var i = p.vars.front(), o = p.vars.back();
   p.out.specialize(ob.dim(0).extent() >= v).parallel(o).vectorize(i, v);
+  if (p.vars.size() == 3)  // normalize along contiguous rows (i extent 1): vectors along the row
+    p.out.specialize(ob.dim(0).extent() == 1)
+        .parallel(o)
+        .vectorize(p.vars[1], v, TailStrategy::GuardWithIf);
   p.out.parallel(o);
-  for (Func& f : p.row_reductions) f.compute_at(p.out, o);
+  for (Func& f : p.row_reductions) {
+    // Once per row, in v lanes of partial results (rfactor), then across the lanes.
+    f.compute_at(p.out, o);
+    Halide::RVar r = f.rvars(0)[0], ro("ro"), ri("ri");
+    Var u("u");
+    Func lanes = f.update(0).split(r, ro, ri, v, TailStrategy::GuardWithIf).rfactor(ri, u);
+    lanes.compute_at(p.out, o).vectorize(u).update(0).vectorize(u);
+  }
 }
 
 inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::Target& t,

@@ -316,6 +316,58 @@ BenchResult bench_conv2d_resnet(const BenchOptions& o) {
 #endif
 }
 
+// Softmax over rows as long as a language model's vocabulary: oneDNN's softmax on the same rows.
+BenchResult bench_softmax_rows(const BenchOptions& o) {
+  const std::string name = "softmax_f32_64x32000";
+  constexpr int64_t rows = 64, cols = 32000;
+  Generator gen(7);
+  const Tensor x = Tensor::randn({rows, cols}, DType::Float32, gen);
+  Tensor y;
+  const Fn ours = [&] { y = softmax(x, 1); };
+  warm_up(ours, calibration_calls("softmax"));
+  check_shape(name, y, {rows, cols});
+  const std::vector<float> hx = float_values(x), hy = float_values(y);
+  std::vector<float> ref(hx.size());
+  for (int64_t r = 0; r < rows; r++) {
+    const float* row = hx.data() + r * cols;
+    double m = *std::max_element(row, row + cols), total = 0;
+    for (int64_t c = 0; c < cols; c++) total += std::exp(double(row[c]) - m);
+    for (int64_t c = 0; c < cols; c++)
+      ref[size_t(r * cols + c)] = float(std::exp(double(row[c]) - m) / total);
+  }
+  check_close(name, "a float64 reference loop", hy, ref, 1e-4);
+  const double bytes = 2.0 * sizeof(float) * double(rows * cols);  // read x, write y
+
+#ifdef OPFORGE_HAVE_DNNL
+  using dnnl::memory;
+  const std::string peer_name = "onednn";
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const memory::desc md({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::softmax_forward::primitive_desc pd(engine, dnnl::prop_kind::forward_inference,
+                                                 dnnl::algorithm::softmax_accurate, md, md, 1);
+#else
+  const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, 1);
+  const dnnl::softmax_forward::primitive_desc pd(desc, engine);
+#endif
+  const dnnl::softmax_forward softmax_prim(pd);
+  std::vector<float> src_buf = hx, dst_buf(hx.size());
+  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(md, engine, src_buf.data())},
+                                             {DNNL_ARG_DST, memory(md, engine, dst_buf.data())}};
+  const Fn peer = [&] {
+    softmax_prim.execute(stream, args);
+    stream.wait();
+  };
+  warm_up(peer, 2);
+  check_close(name, peer_name, dst_buf, ref, 1e-4);
+  const std::vector<double> t = seconds_per_call({ours, peer}, o);
+  return make_result(name, "GB/s", bytes / t[0] * 1e-9, peer_name, bytes / t[1] * 1e-9);
+#else
+  return make_result(name, "GB/s", bytes / seconds_per_call({ours}, o)[0] * 1e-9, "none", 0);
+#endif
+}
+
 // On cuda:0, with the operands resident there: opforge's CUDA kernels against cuBLAS sgemm. Both
 // sides wait for the GPU after every call (opforge's queued GPU calls do), so each figure is one
 // call's time.
@@ -423,6 +475,7 @@ const std::vector<Benchmark>& benchmarks() {
         {"matmul_f32_2048", [](const BenchOptions& o) { return bench_matmul(2048, o); }},
         {"add_f32_16M", bench_add_16m},
         {"conv2d_f32_resnet3x3", bench_conv2d_resnet},
+        {"softmax_f32_64x32000", bench_softmax_rows},
         {"dispatch_add_4", bench_dispatch_add_4},
     };
     // The CUDA benchmarks where there is a GPU to run them.
