@@ -34,11 +34,11 @@ struct Pipeline {
   }
   Func out, acc;  // acc: the accumulation of contraction and window ops
   Func padded;    // window: the input with its zero border
-  // reduction: the inline reductions over a row that must be computed once per row, not where
-  // Halide puts a reduction by default (the innermost loop of its consumer): every one a
-  // normalize op's output reads (a softmax row's max and sum, else recomputed for each element),
-  // and a reduce op's reductions that feed another (var's mean, else recomputed for each term).
-  std::vector<Func> row_reductions;
+  // reduction: the op's reductions over the reduced axis. Schedules place them explicitly: by
+  // default Halide computes a reduction in the innermost loop of its consumer, so a normalize op
+  // would recompute a row's max and sum for each element of the row, and var its mean for each
+  // term of its sum.
+  std::vector<Func> reductions;
   std::vector<Var> vars;  // out's pure vars, innermost first
   // Sets estimates for an autoscheduler at the given size; returns the call extents below which
   // the resulting schedule may be invalid.
@@ -183,16 +183,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   }
   p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
   bool normalize = op.kind == ReductionKind::normalize;
-  std::vector<Halide::Internal::Function> reductions;
   for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
-    if (name != p.out.name() && f.has_update_definition()) reductions.push_back(f);
-  for (const auto& f : reductions) {
-    bool feeds_another = false;
-    for (const auto& g : reductions)  // (an update calls its own Func: not "another")
-      feeds_another = feeds_another || (g.name() != f.name() &&
-                                        Halide::Internal::find_direct_calls(g).count(f.name()));
-    if (normalize || feeds_another) p.row_reductions.emplace_back(f);
-  }
+    if (name != p.out.name() && f.has_update_definition()) p.reductions.emplace_back(f);
   p.set_estimates = [p, normalize](int64_t size) mutable {
     std::vector<int64_t> ext = {1, size, size};
     p.inputs[0].set_estimates(detail::ranges(ext));

@@ -20,11 +20,13 @@ inline void gpu_flat(gen::Pipeline& p, int threads) {
     for (size_t d = 2; d < x.size(); d++) p.out.fuse(f, x[d], f);
     p.out.gpu_tile(f, b, t, threads, Halide::TailStrategy::GuardWithIf);
   }
-  for (Halide::Func& r : p.row_reductions) r.compute_at(p.out, t);
+  for (Halide::Func& r : p.reductions) r.compute_at(p.out, t);
 }
 
 // A normalize op's out(i, k, o): a block per row (i, o), its threads over k; the row's reductions
-// (softmax's max and sum) are computed once per block, which the block's threads then share.
+// (softmax's max and sum) are computed once per block, which the block's threads then share. Each
+// thread reduces a strided part of the row (adjacent threads read adjacent elements), then one
+// thread combines the block's partial results.
 inline void gpu_rows(gen::Pipeline& p, int threads) {
   Halide::Var i = p.vars[0], k = p.vars[1], o = p.vars[2], row("row"), ko("ko"), ki("ki");
   p.out.reorder(k, i, o)
@@ -33,7 +35,15 @@ inline void gpu_rows(gen::Pipeline& p, int threads) {
       .reorder(ki, ko, row)
       .gpu_blocks(row)
       .gpu_threads(ki);
-  for (Halide::Func& r : p.row_reductions) r.compute_at(p.out, row);
+  for (Halide::Func& r : p.reductions) {
+    r.compute_at(p.out, row);
+    if (r.outputs() != 1) continue;  // argmax-like: partial results would lose the first index
+    Halide::RVar k_all = r.rvars(0)[0], ro("ro"), ri("ri");
+    Halide::Var u("u");
+    Halide::Func parts =
+        r.update(0).split(k_all, ro, ri, threads, Halide::TailStrategy::GuardWithIf).rfactor(ri, u);
+    parts.compute_at(p.out, row).gpu_threads(u).update(0).gpu_threads(u);
+  }
 }
 
 // Two dims in 16x16 thread tiles, the remaining dims fused into the second block dimension.

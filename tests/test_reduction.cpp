@@ -227,6 +227,92 @@ TEST(Reduction, LogsumexpIsStableForLargeInputs) {
   }
 }
 
+// ---- the CPU hand schedule's layouts ----
+
+// Forces a variant for its lifetime; at the end, that it ran.
+struct ForceVariant {
+  explicit ForceVariant(const std::string& n) : name(n), before(calls()) {
+    opforge::force_variant(n);
+  }
+  ~ForceVariant() {
+    opforge::force_variant("");
+    EXPECT_GT(calls(), before) << "variant " << name << " did not run";
+  }
+  int64_t calls() const {
+    int64_t n = 0;
+    for (const auto& st : opforge::dispatch_stats())
+      if (st.variant == name) n += st.calls;
+    return n;
+  }
+  std::string name;
+  int64_t before;
+  ForceVariant(const ForceVariant&) = delete;
+  ForceVariant& operator=(const ForceVariant&) = delete;
+};
+
+// Shapes for each branch of the hand schedule (schedules/cpu_manual.hpp): contiguous rows (tails
+// of the vector lanes), rows split into parallel chunks (few rows over 2^17 elements), columns
+// (vector and block tails, one block exactly), and strides it does not specialise for.
+struct LayoutCase {
+  std::string label;
+  Tensor x;
+  int axis;
+};
+std::vector<LayoutCase> layout_cases(DType dt, Data d, const std::string& tag, bool huge) {
+  auto r = [&](const Shape& s) { return random(s, dt, d, tag + sstr(s)); };
+  std::vector<LayoutCase> out = {{"rows", r({5, 1023}), 1},
+                                 {"columns", r({3, 17, 1061}), 1},
+                                 {"one block of columns", r({40, 1024}), 0},
+                                 {"one vector of columns", r({9, 16}), 0},
+                                 {"transposed", r({33, 20}).transpose(0, 1), 1}};
+  if (huge) {
+    out.push_back({"chunked rows", r({2, 150001}), 1});
+    out.push_back({"chunked whole tensor", r({270001}), 0});
+  }
+  return out;
+}
+
+TEST(ReductionLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {
+  for (const ReduceSpec& spec : reduce_specs())
+    for (DType dt : spec.dtypes) {
+      // A product over 2^17 elements leaves every dtype's range.
+      for (const LayoutCase& c : layout_cases(dt, spec.data, spec.name, spec.name != "prod")) {
+        SCOPED_TRACE(spec.name + " at " + dname(dt) + ", " + c.label);
+        Expected want = reduce(dense(c.x), {c.axis}, false, spec.fn);
+        Tensor got;
+        {
+          ForceVariant force("manual");
+          got = spec.call(c.x, {c.axis}, false);
+        }
+        int64_t k = c.x.shape()[size_t(c.axis)];
+        Tol tol = accum_tol(spec.out(dt), k);
+        if (spec.transcendental) tol = loosest(tol, transcendental_tol(spec.out(dt)));
+        expect_close(got, want, spec.out(dt), tol);
+      }
+      if (spec.name != "max") continue;  // argmax along: its lanes would lose the first index
+      for (const LayoutCase& c : layout_cases(dt, Data::Distinct, "arg", true)) {
+        SCOPED_TRACE("argmax at " + dname(dt) + ", " + c.label);
+        ForceVariant force("manual");
+        expect_close(opforge::argmax(c.x, c.axis), reduce(dense(c.x), {c.axis}, false, fn::argmax),
+                     DType::Int64);
+      }
+    }
+  for (DType dt : kFloatTypes)
+    for (const LayoutCase& c : layout_cases(dt, Data::Normal, "softmax", false))
+      for (bool log : {false, true}) {
+        SCOPED_TRACE(std::string(log ? "log_softmax" : "softmax") + " at " + dname(dt) + ", " +
+                     c.label);
+        Expected want = softmax(dense(c.x), c.axis, log);
+        Tensor got;
+        {
+          ForceVariant force("manual");
+          got = log ? opforge::log_softmax(c.x, c.axis) : opforge::softmax(c.x, c.axis);
+        }
+        expect_close(got, want, dt,
+                     loosest(accum_tol(dt, c.x.shape()[size_t(c.axis)]), transcendental_tol(dt)));
+      }
+}
+
 // ---- argmax / argmin ----
 
 class ArgTest : public ::testing::TestWithParam<DType> {};

@@ -316,6 +316,32 @@ BenchResult bench_conv2d_resnet(const BenchOptions& o) {
 #endif
 }
 
+#ifdef OPFORGE_HAVE_DNNL
+// A oneDNN primitive from src to dst against opforge's call `ours`, both in GB/s of `bytes`; the
+// primitive's result must first match the reference.
+template <class Ref>
+BenchResult onednn_bandwidth(const std::string& name, const dnnl::primitive& prim,
+                             const dnnl::engine& engine, const dnnl::memory::desc& src_md,
+                             const dnnl::memory::desc& dst_md, std::vector<float> src,
+                             const std::vector<Ref>& ref, double rtol, const Fn& ours, double bytes,
+                             const BenchOptions& o) {
+  const std::string peer_name = "onednn";
+  dnnl::stream stream(engine);
+  std::vector<float> dst(ref.size());
+  const std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(src_md, engine, src.data())},
+      {DNNL_ARG_DST, dnnl::memory(dst_md, engine, dst.data())}};
+  const Fn peer = [&] {
+    prim.execute(stream, args);
+    stream.wait();
+  };
+  warm_up(peer, 2);
+  check_close(name, peer_name, dst, ref, rtol);
+  const std::vector<double> t = seconds_per_call({ours, peer}, o);
+  return make_result(name, "GB/s", bytes / t[0] * 1e-9, peer_name, bytes / t[1] * 1e-9);
+}
+#endif
+
 // Softmax over rows as long as a language model's vocabulary: oneDNN's softmax on the same rows.
 BenchResult bench_softmax_rows(const BenchOptions& o) {
   const std::string name = "softmax_f32_64x32000";
@@ -340,9 +366,7 @@ BenchResult bench_softmax_rows(const BenchOptions& o) {
 
 #ifdef OPFORGE_HAVE_DNNL
   using dnnl::memory;
-  const std::string peer_name = "onednn";
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
   const memory::desc md({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
 #if DNNL_VERSION_MAJOR >= 3
   const dnnl::softmax_forward::primitive_desc pd(engine, dnnl::prop_kind::forward_inference,
@@ -351,18 +375,46 @@ BenchResult bench_softmax_rows(const BenchOptions& o) {
   const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, 1);
   const dnnl::softmax_forward::primitive_desc pd(desc, engine);
 #endif
-  const dnnl::softmax_forward softmax_prim(pd);
-  std::vector<float> src_buf = hx, dst_buf(hx.size());
-  const std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(md, engine, src_buf.data())},
-                                             {DNNL_ARG_DST, memory(md, engine, dst_buf.data())}};
-  const Fn peer = [&] {
-    softmax_prim.execute(stream, args);
-    stream.wait();
-  };
-  warm_up(peer, 2);
-  check_close(name, peer_name, dst_buf, ref, 1e-4);
-  const std::vector<double> t = seconds_per_call({ours, peer}, o);
-  return make_result(name, "GB/s", bytes / t[0] * 1e-9, peer_name, bytes / t[1] * 1e-9);
+  return onednn_bandwidth(name, dnnl::softmax_forward(pd), engine, md, md, hx, ref, 1e-4, ours,
+                          bytes, o);
+#else
+  return make_result(name, "GB/s", bytes / seconds_per_call({ours}, o)[0] * 1e-9, "none", 0);
+#endif
+}
+
+// A sum over one axis of a 4096 x 4096 matrix (axis 1: along contiguous rows; axis 0: across
+// them): oneDNN's reduction on the same matrix.
+BenchResult bench_sum_axis(int axis, const BenchOptions& o) {
+  const std::string name = std::string("sum_f32_4096x4096_axis") + (axis ? "1" : "0");
+  constexpr int64_t n = 4096;
+  Generator gen(11);
+  const Tensor x = Tensor::randn({n, n}, DType::Float32, gen);
+  Tensor y;
+  const Fn ours = [&] { y = sum(x, {axis}); };
+  warm_up(ours, calibration_calls("sum"));
+  check_shape(name, y, {n});
+  const std::vector<float> hx = float_values(x), hy = float_values(y);
+  std::vector<double> wide(size_t(n), 0.0);
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t c = 0; c < n; c++) wide[size_t(axis ? r : c)] += double(hx[size_t(r * n + c)]);
+  check_close(name, "a float64 reference loop", hy, wide, 1e-4);
+  const double bytes = sizeof(float) * double(n * n);  // read x
+
+#ifdef OPFORGE_HAVE_DNNL
+  using dnnl::memory;
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const memory::desc src_md({n, n}, memory::data_type::f32, memory::format_tag::ab);
+  const memory::desc dst_md(axis ? memory::dims{n, 1} : memory::dims{1, n}, memory::data_type::f32,
+                            memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::reduction::primitive_desc pd(engine, dnnl::algorithm::reduction_sum, src_md, dst_md,
+                                           0.f, 0.f);
+#else
+  const dnnl::reduction::desc desc(dnnl::algorithm::reduction_sum, src_md, dst_md, 0.f, 0.f);
+  const dnnl::reduction::primitive_desc pd(desc, engine);
+#endif
+  return onednn_bandwidth(name, dnnl::reduction(pd), engine, src_md, dst_md, hx, wide, 1e-3, ours,
+                          bytes, o);
 #else
   return make_result(name, "GB/s", bytes / seconds_per_call({ours}, o)[0] * 1e-9, "none", 0);
 #endif
@@ -476,6 +528,8 @@ const std::vector<Benchmark>& benchmarks() {
         {"add_f32_16M", bench_add_16m},
         {"conv2d_f32_resnet3x3", bench_conv2d_resnet},
         {"softmax_f32_64x32000", bench_softmax_rows},
+        {"sum_f32_4096x4096_axis1", [](const BenchOptions& o) { return bench_sum_axis(1, o); }},
+        {"sum_f32_4096x4096_axis0", [](const BenchOptions& o) { return bench_sum_axis(0, o); }},
         {"dispatch_add_4", bench_dispatch_add_4},
     };
     // The CUDA benchmarks where there is a GPU to run them.

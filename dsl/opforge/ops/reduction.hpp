@@ -74,7 +74,10 @@ inline const auto reduction_ops = hana::make_tuple(
     normalize("softmax", floats,
               [](const RedArgs& a) {
                 Expr m = detail::finite_max(a);
-                return Halide::exp(a.x(a.k) - m) / detail::sum_exp_shifted(a, m);
+                // A product with the row's reciprocal: one division per row instead of one per
+                // element.
+                return Halide::exp(a.x(a.k) - m) *
+                       (Halide::cast(a.type, 1) / detail::sum_exp_shifted(a, m));
               }),
     normalize("log_softmax", floats,
               [](const RedArgs& a) {
