@@ -18,6 +18,13 @@ inline int vector_lanes(const Halide::Target& t, DType d) {
   return t.natural_vector_size(dsl::halide_type(d));
 }
 
+// How many iterations of a parallel loop make one task of at least 2^15 elements: Halide's thread
+// pool hands each task off under a lock, which costs more than a short task gains (reduction rows
+// of 4096 as separate tasks ran no faster on two cores than on one).
+inline Expr iterations_per_task(const Expr& elements_per_iteration) {
+  return Halide::max(1, (1 << 15) / Halide::max(elements_per_iteration, 1));
+}
+
 inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
   int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype) == DType::Bool
                               ? DType::Int32
@@ -27,18 +34,41 @@ inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
   Halide::OutputImageParam ob = out.output_buffer();
   Expr flat = Halide::Internal::const_true();
   for (size_t d = 1; d < x.size(); d++) flat = flat && ob.dim(int(d)).extent() == 1;
-  Expr unit = Halide::Internal::const_true();
-  for (auto& in : p.inputs) unit = unit && in.dim(0).stride() == 1;
-  Var xo("xo"), xi("xi"), y("y");
+  Expr unit = Halide::Internal::const_true(), strided = Halide::Internal::const_false();
+  for (auto& in : p.inputs) {
+    unit = unit && in.dim(0).stride() == 1;
+    strided = strided || (in.dim(0).stride() != 0 && in.dim(0).stride() != 1);
+  }
+  Var xo("xo"), xi("xi"), y("y"), yo("yo"), yi("yi"), yt("yt"), tile("tile");
   // Dense 1-D (the runtime collapses contiguous tensors to one dimension): big parallel chunks.
   out.specialize(flat && unit && ob.dim(0).extent() >= 16384)
       .split(x[0], xo, xi, 8192)
       .parallel(xo)
       .vectorize(xi, v);
   out.specialize(flat && unit && ob.dim(0).extent() >= v).vectorize(x[0], v);
-  // Broadcast or strided views: parallel over the outer dimensions.
+  // An input strided along the innermost dimension (a transpose): 64 x 64 tiles, so the lines
+  // and pages a tile's strided loads touch serve the whole tile.
+  Stage tiled = out.specialize(strided && ob.dim(0).extent() >= 64 && ob.dim(1).extent() >= 64)
+                    .tile(x[0], x[1], xo, yo, xi, yi, 64, 64)
+                    .fuse(xo, yo, tile);
+  for (size_t d = 2; d < x.size(); d++) tiled.fuse(tile, x[d], tile);
+  tiled.parallel(tile).vectorize(xi, v);
+  // Broadcasts and the rest: rows of the fused outer dimensions, grouped into tasks. The strides
+  // are stated where they are known (unit strides: a bias along rows; one input broadcast along
+  // the row: a bias along columns), so those loads are vectors rather than per-lane gathers; the
+  // schedule is the same in each branch.
   out.fuse(x[1], x[2], y).fuse(y, x[3], y).fuse(y, x[4], y).fuse(y, x[5], y);
-  out.specialize(ob.dim(0).extent() >= v).parallel(y).vectorize(x[0], v);
+  out.split(y, yt, y, iterations_per_task(ob.dim(0).extent()), TailStrategy::GuardWithIf)
+      .parallel(yt);
+  Expr vectors = ob.dim(0).extent() >= v;
+  out.specialize(unit && vectors).vectorize(x[0], v);
+  for (size_t k = 0; p.inputs.size() > 1 && k < p.inputs.size(); k++) {
+    Expr one_broadcast = p.inputs[k].dim(0).stride() == 0;
+    for (size_t j = 0; j < p.inputs.size(); j++)
+      if (j != k) one_broadcast = one_broadcast && p.inputs[j].dim(0).stride() == 1;
+    out.specialize(one_broadcast && vectors).vectorize(x[0], v);
+  }
+  out.specialize(vectors).vectorize(x[0], v);
 }
 
 // rfactor appends the lanes' index to the intermediate's dimensions; stored innermost, the lanes
@@ -80,25 +110,22 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   const int chunk = 1 << 16;
   Expr chunked = rows && ob.dim(1).extent() < 8 && in.dim(1).extent() >= 2 * chunk;
 
-  // Parallel tasks of at least 2^15 elements: shorter ones cost more in the thread pool's
-  // hand-offs than they gain (rows of 4096 ran no faster on two cores than on one).
   Var ot("ot");
-  auto tasks_of = [&](const Expr& elements_per_o) {
-    return Halide::max(1, (1 << 15) / Halide::max(elements_per_o, 1));
-  };
-  Stage rows_out = out.specialize(rows)
-                       .split(o, ot, o, tasks_of(in.dim(1).extent()), TailStrategy::GuardWithIf)
-                       .parallel(ot);
+  Stage rows_out =
+      out.specialize(rows)
+          .split(o, ot, o, iterations_per_task(in.dim(1).extent()), TailStrategy::GuardWithIf)
+          .parallel(ot);
   if (normalize) rows_out.vectorize(p.vars[1], v, TailStrategy::GuardWithIf);
   // A task: a block of vectors along i over a group of outer indices (the reductions computed
   // for the block at each of them).
   Var task("task");
-  Stage cols_out = out.specialize(cols)
-                       .split(i, iv, ii, v)
-                       .split(iv, ib, iv, block, TailStrategy::GuardWithIf)
-                       .split(o, ot, o, tasks_of(in.dim(0).extent() * in.dim(1).extent()),
-                              TailStrategy::GuardWithIf)
-                       .vectorize(ii);
+  Stage cols_out =
+      out.specialize(cols)
+          .split(i, iv, ii, v)
+          .split(iv, ib, iv, block, TailStrategy::GuardWithIf)
+          .split(o, ot, o, iterations_per_task(in.dim(0).extent() * in.dim(1).extent()),
+                 TailStrategy::GuardWithIf)
+          .vectorize(ii);
   if (normalize)
     cols_out.reorder(ii, iv, p.vars[1], o, ib, ot);
   else

@@ -844,6 +844,28 @@ void expect_error_impl(F&& f, const std::vector<std::string>& parts) {
   }
 }
 
+// Forces a variant (by name, on whatever device runs the call) for its lifetime and checks at the
+// end that it ran.
+struct ForcedVariantRuns {
+  explicit ForcedVariantRuns(const std::string& n) : name(n), before(calls()) {
+    opforge::force_variant(n);
+  }
+  ~ForcedVariantRuns() {
+    opforge::force_variant("");
+    EXPECT_GT(calls(), before) << "variant " << name << " did not run";
+  }
+  int64_t calls() const {
+    int64_t n = 0;
+    for (const auto& st : opforge::dispatch_stats())
+      if (st.variant == name) n += st.calls;
+    return n;
+  }
+  std::string name;
+  int64_t before;
+  ForcedVariantRuns(const ForcedVariantRuns&) = delete;
+  ForcedVariantRuns& operator=(const ForcedVariantRuns&) = delete;
+};
+
 }  // namespace ref
 
 // EXPECT_OPFORGE_ERROR(statement, "part", "part", ...): the statement throws opforge::Error and the

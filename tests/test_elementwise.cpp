@@ -354,3 +354,64 @@ TEST(ElementwisePromotion, MixedDtypesPromote) {
 }
 
 }  // namespace
+
+// ---- the CPU hand schedule's layouts ----
+
+// Each branch of the hand schedule (schedules/cpu_manual.hpp) forced: biases along rows and along
+// columns (stride-0 inputs), transposed inputs in 64 x 64 tiles with ragged edges, a strided
+// slice, a three-input op with one broadcast input, and the copy a transpose's contiguous() makes.
+TEST(ElementwiseLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {
+  auto plus = [](const std::vector<double>& v) { return v[0] + v[1]; };
+  for (DType dt : {DType::Int32, DType::Float32, DType::Float64}) {
+    auto r = [&](const Shape& s, const std::string& label) {
+      return random(s, dt, Data::Normal, "layouts/" + label + dname(dt));
+    };
+    struct Case {
+      std::string label;
+      Tensor a, b;
+    };
+    const Tensor x = r({70, 133}, "x");
+    const std::vector<Case> cases = {{"bias along rows", x, r({133}, "row bias")},
+                                     {"bias along columns", x, r({70, 1}, "column bias")},
+                                     {"short rows", r({3000, 5}, "short"), r({5}, "short bias")},
+                                     {"transposed", r({133, 70}, "t").transpose(0, 1), x},
+                                     {"both transposed, 3-D", r({2, 133, 70}, "t3").transpose(1, 2),
+                                      r({2, 133, 70}, "u3").transpose(1, 2)},
+                                     {"step-2 slice", r({70, 266}, "s").slice(1, 0, 266, 2), x},
+                                     {"scalar broadcast", x, r({1}, "scalar")}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE("add at " + dname(dt) + ", " + c.label);
+      Expected want = broadcast_eval({c.a, c.b}, plus);
+      Tensor got;
+      {
+        ForcedVariantRuns force("manual");
+        got = opforge::add(c.a, c.b);
+      }
+      expect_close(got, want, dt);
+    }
+    {
+      SCOPED_TRACE("where with a broadcast condition at " + dname(dt));
+      Tensor cond = opforge::gt(r({133}, "cond"), Tensor::zeros({133}, dt));
+      Tensor alt = r({70, 133}, "alt");
+      Expected want = broadcast_eval(
+          {cond, x, alt}, [](const std::vector<double>& v) { return v[0] != 0 ? v[1] : v[2]; });
+      Tensor got;
+      {
+        ForcedVariantRuns force("manual");
+        got = opforge::where(cond, x, alt);
+      }
+      expect_close(got, want, dt);
+    }
+    {
+      SCOPED_TRACE("contiguous copy of a transpose at " + dname(dt));
+      Tensor t = r({133, 70}, "copy").transpose(0, 1);
+      Expected want = broadcast_eval({t}, [](const std::vector<double>& v) { return v[0]; });
+      Tensor got;
+      {
+        ForcedVariantRuns force("manual");
+        got = t.contiguous();
+      }
+      expect_close(got, want, dt);
+    }
+  }
+}

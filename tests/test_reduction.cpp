@@ -229,27 +229,6 @@ TEST(Reduction, LogsumexpIsStableForLargeInputs) {
 
 // ---- the CPU hand schedule's layouts ----
 
-// Forces a variant for its lifetime; at the end, that it ran.
-struct ForceVariant {
-  explicit ForceVariant(const std::string& n) : name(n), before(calls()) {
-    opforge::force_variant(n);
-  }
-  ~ForceVariant() {
-    opforge::force_variant("");
-    EXPECT_GT(calls(), before) << "variant " << name << " did not run";
-  }
-  int64_t calls() const {
-    int64_t n = 0;
-    for (const auto& st : opforge::dispatch_stats())
-      if (st.variant == name) n += st.calls;
-    return n;
-  }
-  std::string name;
-  int64_t before;
-  ForceVariant(const ForceVariant&) = delete;
-  ForceVariant& operator=(const ForceVariant&) = delete;
-};
-
 // Shapes for each branch of the hand schedule (schedules/cpu_manual.hpp): contiguous rows (tails
 // of the vector lanes), rows split into parallel chunks (few rows over 2^17 elements), columns
 // (vector and block tails, one block exactly), and strides it does not specialise for.
@@ -281,7 +260,7 @@ TEST(ReductionLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {
         Expected want = reduce(dense(c.x), {c.axis}, false, spec.fn);
         Tensor got;
         {
-          ForceVariant force("manual");
+          ForcedVariantRuns force("manual");
           got = spec.call(c.x, {c.axis}, false);
         }
         int64_t k = c.x.shape()[size_t(c.axis)];
@@ -292,7 +271,7 @@ TEST(ReductionLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {
       if (spec.name != "max") continue;  // argmax along: its lanes would lose the first index
       for (const LayoutCase& c : layout_cases(dt, Data::Distinct, "arg", true)) {
         SCOPED_TRACE("argmax at " + dname(dt) + ", " + c.label);
-        ForceVariant force("manual");
+        ForcedVariantRuns force("manual");
         expect_close(opforge::argmax(c.x, c.axis), reduce(dense(c.x), {c.axis}, false, fn::argmax),
                      DType::Int64);
       }
@@ -305,7 +284,7 @@ TEST(ReductionLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {
         Expected want = softmax(dense(c.x), c.axis, log);
         Tensor got;
         {
-          ForceVariant force("manual");
+          ForcedVariantRuns force("manual");
           got = log ? opforge::log_softmax(c.x, c.axis) : opforge::softmax(c.x, c.axis);
         }
         expect_close(got, want, dt,
