@@ -46,6 +46,7 @@ inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
       .parallel(xo)
       .vectorize(xi, v);
   out.specialize(flat && unit && ob.dim(0).extent() >= v).vectorize(x[0], v);
+  out.specialize(flat && unit);  // under a vector: one plain loop, no hand-off to the thread pool
   // An input strided along the innermost dimension (a transpose): 64 x 64 tiles, so the lines
   // and pages a tile's strided loads touch serve the whole tile.
   Stage tiled = out.specialize(strided && ob.dim(0).extent() >= 64 && ob.dim(1).extent() >= 64)
