@@ -14,8 +14,9 @@ using Halide::Stage;
 using Halide::TailStrategy;
 using Halide::Var;
 
+// Bool is computed as 32-bit lanes.
 inline int vector_lanes(const Halide::Target& t, DType d) {
-  return t.natural_vector_size(dsl::halide_type(d));
+  return t.natural_vector_size(dsl::halide_type(d == DType::Bool ? DType::Int32 : d));
 }
 
 // How many iterations of a parallel loop make one task of at least 2^15 elements: Halide's thread
@@ -26,9 +27,7 @@ inline Expr iterations_per_task(const Expr& elements_per_iteration) {
 }
 
 inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
-  int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype) == DType::Bool
-                              ? DType::Int32
-                              : std::max(p.in_dtype, p.out_dtype));
+  int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype));
   Func& out = p.out;
   auto& x = p.vars;
   Halide::OutputImageParam ob = out.output_buffer();
@@ -72,13 +71,18 @@ inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
   out.specialize(vectors).vectorize(x[0], v);
 }
 
-// rfactor appends the lanes' index to the intermediate's dimensions; stored innermost, the lanes
-// are one dense vector.
-inline Func& lanes_first(Func& lanes, const Var& u) {
+// A reduction stage's loop over r in `lanes` independent vector lanes (rfactor), computed at
+// `at`, then combined across the lanes. rfactor appends the lanes' index to the intermediate's
+// dimensions; it is stored innermost, so the lanes are one dense vector.
+inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
+                            const Halide::LoopLevel& at) {
+  Halide::RVar ro("ro"), ri("ri");
+  Var u("u");
+  Func partial = stage.split(r, ro, ri, lanes, TailStrategy::GuardWithIf).rfactor(ri, u);
   std::vector<Var> order{u};
-  for (const Var& a : lanes.args())
+  for (const Var& a : partial.args())
     if (a.name() != u.name()) order.push_back(a);
-  return lanes.reorder_storage(order);
+  partial.reorder_storage(order).compute_at(at).vectorize(u).update(0).vectorize(u);
 }
 
 // A reduction's layout is known only at the call, so each branch is a specialization:
@@ -92,7 +96,7 @@ inline Func& lanes_first(Func& lanes, const Var& u) {
 // Either way the reductions are computed once per outer index (and block), before the output
 // reads them, and a parallel task holds enough work to pay for its hand-off.
 inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
-  int v = vector_lanes(t, p.in_dtype == DType::Bool ? DType::Int32 : p.in_dtype);
+  int v = vector_lanes(t, p.in_dtype);
   const bool normalize = p.vars.size() == 3;
   // Vectors per parallel task along the inner axis: a task reads 4 KiB or more of each row it
   // touches (narrower strips cost a page walk per few cache lines).
@@ -139,8 +143,8 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
     Var fi;
     for (const Var& a : f.args())
       if (a.name() == i.name()) fi = a;
-    Halide::RVar r = f.rvars(0)[0], ro("ro"), ri("ri"), rc("rc"), rr("rr");
-    Var u("u"), c("c"), fv("fv"), fii("fii");
+    Halide::RVar r = f.rvars(0)[0], rc("rc"), rr("rr");
+    Var c("c"), fv("fv"), fii("fii");
     // argmax and argmin keep the first index of equal values; lanes would reorder them.
     const bool lanes_ok = f.outputs() == 1;
     if (lanes_ok && !normalize) {
@@ -149,18 +153,10 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
                        .split(r, rc, rr, chunk, TailStrategy::GuardWithIf)
                        .rfactor(rc, c);
       parts.compute_at(out, o).update(0).parallel(c);
-      Func lanes = parts.update(0)
-                       .split(rr, ro, ri, lanes_per_row, TailStrategy::GuardWithIf)
-                       .rfactor(ri, u);
-      lanes_first(lanes, u).compute_at(parts, c).vectorize(u).update(0).vectorize(u);
+      in_vector_lanes(parts.update(0), rr, lanes_per_row, Halide::LoopLevel(parts, c));
     }
-    if (lanes_ok) {
-      Func lanes = f.update(0)
-                       .specialize(rows)
-                       .split(r, ro, ri, lanes_per_row, TailStrategy::GuardWithIf)
-                       .rfactor(ri, u);
-      lanes_first(lanes, u).compute_at(out, o).vectorize(u).update(0).vectorize(u);
-    }
+    if (lanes_ok)
+      in_vector_lanes(f.update(0).specialize(rows), r, lanes_per_row, Halide::LoopLevel(out, o));
     f.specialize(cols).vectorize(fi, v, TailStrategy::GuardWithIf);
     f.update(0)
         .specialize(cols)
@@ -248,7 +244,7 @@ inline void manual_movement(gen::Pipeline& p, const Halide::Target& t) {
     manual_elementwise(p, t);
     return;
   }
-  int v = vector_lanes(t, p.in_dtype == DType::Bool ? DType::Int32 : p.in_dtype);
+  int v = vector_lanes(t, p.in_dtype);
   Halide::OutputImageParam ob = p.out.output_buffer();
   p.out.specialize(ob.dim(0).extent() >= v).parallel(p.vars[2]).vectorize(p.vars[0], v);
   p.out.parallel(p.vars[2]);

@@ -177,10 +177,7 @@ TEST(Reduction, LongFloat32SumsDoNotStall) {
     SCOPED_TRACE(v.name);
     std::vector<float> got;
     {
-      struct Force {
-        explicit Force(const std::string& n) { opforge::force_variant(n); }
-        ~Force() { opforge::force_variant(""); }
-      } force(v.name);
+      ForcedVariantRuns force(v.name);
       got = opforge::sum(x, {1}).to_vector<float>();
     }
     for (float r : got) EXPECT_NEAR(r, 16777216.0 + 4095, 1.0);

@@ -117,6 +117,11 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
 
   double best_completion = 0;
   Entry* chosen = nullptr;
+  // A device passed over explore_every times is timed once more: what made it slow (load on a
+  // GPU that has no load meter, another process) may have gone, and only a measurement says so.
+  // Every candidate counts the call as passed over here; the one that runs it starts again at 0.
+  Entry* stale = nullptr;
+  PlacementCost stale_cost;
   for (const auto& c : cands) {
     Entry& e = entry(key, c.device, c.variants);
     if (e.variants.empty()) continue;
@@ -139,19 +144,17 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
       d.predicted = pc.run;
       d.transfer = pc.transfer;
     }
+    if (++e.passed_over >= policy_.explore_every && !stale) {
+      stale = &e;
+      stale_cost = pc;
+    }
     if (explain) d.costs.push_back(pc);
   }
-  // A device passed over explore_every times is timed once more: what made it slow (load on a
-  // GPU that has no load meter, another process) may have gone, and only a measurement says so.
-  for (const auto& c : cands) {
-    Entry& e = entry(key, c.device, c.variants);
-    if (&e == chosen || e.variants.empty() || ++e.passed_over < policy_.explore_every ||
-        d.exploring)
-      continue;
-    chosen = &e;
-    d.device = c.device;
-    d.predicted = e.stats[size_t(e.best)].estimate * dev(c.device).load;
-    d.transfer = size_t(c.device) < transfer.size() ? transfer[size_t(c.device)] : 0.0;
+  if (stale && stale != chosen) {
+    chosen = stale;
+    d.device = stale_cost.device;
+    d.predicted = stale_cost.run;
+    d.transfer = stale_cost.transfer;
     d.timed = d.exploring = true;
   }
   Entry& e = *chosen;
