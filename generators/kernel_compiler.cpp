@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "generators/pipelines.hpp"
+#include "schedules/alias_safe.hpp"
 #include "schedules/cpu_manual.hpp"
 #include "schedules/gpu_manual.hpp"
 #include "schedules/variants.hpp"
@@ -180,6 +181,8 @@ int run(const Options& opt) {
             pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
                                    Halide::MachineParams(schedules::kMachineParams));
           }
+          // kernel_abi.hpp: an elementwise output may alias an input of the same view.
+          if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
           m = pipeline.compile_to_module(p.args, fn, t);
         } catch (const Halide::CompileError& e) {
           // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit atomics
@@ -230,14 +233,35 @@ int run(const Options& opt) {
   for (const auto& e : emitted)
     reg << "int " << e.fn << "_argv(void**);\nconst struct halide_filter_metadata_t* " << e.fn
         << "_metadata();\n";
-  reg << "}\n\nnamespace {\nconst opforge::KernelVariant kVariants[] = {\n";
+  // Each (op, dtype)'s buffers once, shared by its variants and targets.
+  reg << "}\n\nnamespace {\nusing opforge::BufferRole;\nusing opforge::DType;\n";
+  std::map<std::string, std::string> buffer_tables;  // op/dtype -> table name
+  std::map<std::string, size_t> buffer_counts;
   for (const auto& e : emitted) {
+    std::string key = e.op + "/" + e.dtype_key;
+    if (buffer_tables.count(key)) continue;
+    std::string table = "kBuffers" + std::to_string(buffer_tables.size());
+    buffer_tables[key] = table;
+    auto decls = gen::buffer_decls(e.meta);
+    if (decls.size() > size_t(kMaxKernelBuffers))
+      throw std::runtime_error(e.op + ": " + std::to_string(decls.size()) +
+                               " buffers, more than kernel_abi.hpp's kMaxKernelBuffers");
+    buffer_counts[key] = decls.size();
+    reg << "const opforge::BufferSpec " << table << "[] = {";
+    for (const auto& b : decls)
+      reg << "{\"" << b.name << "\", BufferRole::" << role_name(b.role) << ", DType("
+          << int(b.dtype) << "), " << b.dims << "}, ";
+    reg << "};\n";
+  }
+  reg << "const opforge::KernelVariant kVariants[] = {\n";
+  for (const auto& e : emitted) {
+    std::string key = e.op + "/" + e.dtype_key;
     reg << "    {\"" << e.op << "\", \"" << dsl::family_name(e.meta.family) << "\", \""
         << e.dtype_key << "\", "
         << "opforge::DType(" << int(e.meta.in_dtype) << "), opforge::DType("
-        << int(e.meta.out_dtype) << "), " << e.meta.num_inputs << ", \"" << e.meta.attrs << "\", "
-        << e.meta.variant_flags << ", \"" << e.variant << "\", \"" << e.target << "\", &" << e.fn
-        << "_argv, &" << e.fn << "_metadata, {";
+        << int(e.meta.out_dtype) << "), " << buffer_tables[key] << ", " << buffer_counts[key]
+        << ", \"" << e.meta.attrs << "\", " << e.meta.variant_flags << ", \"" << e.variant
+        << "\", \"" << e.target << "\", &" << e.fn << "_argv, &" << e.fn << "_metadata, {";
     for (size_t i = 0; i < e.min_extents.size(); i++) reg << (i ? ", " : "") << e.min_extents[i];
     reg << "}},\n";
   }

@@ -32,8 +32,10 @@ struct Pipeline {
       if (a.name() == name) return a;
     throw std::runtime_error("pipeline " + op + " has no integer attribute " + name);
   }
-  Func out, acc;  // acc: the accumulation of contraction and window ops
-  Func padded;    // window: the input with its zero border
+  Func out, acc;   // acc: the accumulation of contraction and window ops; out: Tuple-valued when
+                   // the op has several outputs
+  int inout = -1;  // >= 0: the input that the (one) output is written into, in place
+  Func padded;     // window: the input with its zero border
   // reduction: the op's reductions over the reduced axis. Schedules place them explicitly: by
   // default Halide computes a reduction in the innermost loop of its consumer, so a normalize op
   // would recompute a row's max and sum for each element of the row, and var its mean for each
@@ -44,6 +46,36 @@ struct Pipeline {
   // the resulting schedule may be invalid.
   std::function<std::vector<int64_t>(int64_t size)> set_estimates;
 };
+
+inline DType dtype_of_halide(const Type& t) {
+  if (t == Halide::UInt(8)) return DType::Bool;
+  if (t == Halide::Int(32)) return DType::Int32;
+  if (t == Halide::Int(64)) return DType::Int64;
+  if (t == Halide::Float(32)) return DType::Float32;
+  if (t == Halide::Float(64)) return DType::Float64;
+  throw std::runtime_error("no opforge dtype for Halide type " + Halide::type_to_c_type(t, false));
+}
+
+// A kernel's buffers in declared order (kernel_abi.hpp): the inputs, one of which may be written in
+// place (inout), then the outputs of `out` (several when it is Tuple-valued).
+struct BufferDecl {
+  std::string name;
+  BufferRole role;
+  DType dtype;
+  int dims;
+};
+inline std::vector<BufferDecl> buffer_decls(const Pipeline& p) {
+  std::vector<BufferDecl> b;
+  for (size_t i = 0; i < p.inputs.size(); i++)
+    b.push_back({p.inputs[i].name(), int(i) == p.inout ? BufferRole::inout : BufferRole::input,
+                 dtype_of_halide(p.inputs[i].type()), p.inputs[i].dimensions()});
+  if (p.inout >= 0) return b;
+  auto types = p.out.output_types();
+  for (size_t k = 0; k < types.size(); k++)
+    b.push_back({types.size() == 1 ? std::string("out") : "out" + std::to_string(k),
+                 BufferRole::output, dtype_of_halide(types[k]), p.out.dimensions()});
+  return b;
+}
 
 namespace detail {
 inline Attrs make_attrs(Pipeline& p, const char* spec, Type type) {
@@ -133,7 +165,27 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   }
   a.attr = detail::make_attrs(p, op.attrs, t);
   p.out = Func("out");
-  p.out(p.vars) = Halide::cast(a.out_type, op.fn(a));
+  auto result = op.fn(a);
+  if constexpr (std::is_same_v<decltype(result), std::vector<Expr>>) {
+    if (int(result.size()) != op.outputs)
+      throw std::runtime_error(std::string(op.name) + ": declares " + std::to_string(op.outputs) +
+                               " outputs, its algorithm returns " + std::to_string(result.size()));
+    std::vector<Expr> outs;
+    for (const Expr& e : result) outs.push_back(Halide::cast(a.out_type, e));
+    p.out(p.vars) = outs.size() == 1 ? Halide::Tuple(outs[0]) : Halide::Tuple(outs);
+  } else {
+    if (op.outputs != 1)
+      throw std::runtime_error(std::string(op.name) + ": declares " + std::to_string(op.outputs) +
+                               " outputs, its algorithm returns one");
+    p.out(p.vars) = Halide::cast(a.out_type, result);
+  }
+  if (op.inout >= 0) {
+    if (op.inout >= op.arity || op.outputs != 1 || p.out_dtype != p.in_dtype)
+      throw std::runtime_error(std::string(op.name) +
+                               ": an in-place op writes its one result, of its input's dtype, "
+                               "into one of its inputs");
+    p.inout = op.inout;
+  }
   p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   return p;
 }

@@ -30,7 +30,7 @@ inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
   int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype));
   Func& out = p.out;
   auto& x = p.vars;
-  Halide::OutputImageParam ob = out.output_buffer();
+  Halide::OutputImageParam ob = out.output_buffers()[0];
   Expr flat = Halide::Internal::const_true();
   for (size_t d = 1; d < x.size(); d++) flat = flat && ob.dim(int(d)).extent() == 1;
   Expr unit = Halide::Internal::const_true(), strided = Halide::Internal::const_false();
@@ -104,7 +104,7 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   // Independent accumulators: one vector's running sum would wait on each add's latency.
   const int lanes_per_row = 4 * v;
   Func& out = p.out;
-  Halide::OutputImageParam ob = out.output_buffer();
+  Halide::OutputImageParam ob = out.output_buffers()[0];
   const Halide::ImageParam& in = p.inputs[0];
   Var i = p.vars.front(), o = p.vars.back(), iv("iv"), ii("ii"), ib("ib");
   // (Unit strides stated, or every load and store is a per-lane gather or scatter.)
@@ -245,7 +245,7 @@ inline void manual_movement(gen::Pipeline& p, const Halide::Target& t) {
     return;
   }
   int v = vector_lanes(t, p.in_dtype);
-  Halide::OutputImageParam ob = p.out.output_buffer();
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
   p.out.specialize(ob.dim(0).extent() >= v).parallel(p.vars[2]).vectorize(p.vars[0], v);
   p.out.parallel(p.vars[2]);
 }

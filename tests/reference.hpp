@@ -828,6 +828,16 @@ inline std::vector<double> strided_values(const std::vector<double>& base, const
 // Error messages
 // ---------------------------------------------------------------------------------------------
 
+// The message of the opforge::Error f throws, or "(no error)".
+inline std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const opforge::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // Runs f, which must throw opforge::Error whose message contains every part.
 template <class F>
 void expect_error_impl(F&& f, const std::vector<std::string>& parts) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "opforge/opforge.hpp"
+#include "reference.hpp"
 
 namespace {
 using namespace opforge;
@@ -34,15 +35,6 @@ class GpuTensors : public ::testing::TestWithParam<std::string> {
   }
   Device d_;
 };
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST_P(GpuTensors, ToDeviceAndBack) {
   Generator g(3);
@@ -165,7 +157,7 @@ TEST_P(GpuTensors, MixedDevicesAreAnErrorUnlessSoftModeMovesThem) {
   Tensor b = Tensor::full({16}, 4.0);
   EXPECT_EQ(add(a, b).device(), d_) << "host tensors are moved to where the GPU input lives";
   ASSERT_FALSE(soft_device_mode());
-  std::string err = message_of([&] {
+  std::string err = ref::error_message([&] {
     DefaultDevice scope(Device{});
     add(a, b);
   });
@@ -205,7 +197,7 @@ TEST_P(GpuTensors, TheAllocatorCachesAndRunsOutOfMemoryWithAClearError) {
 
   double total = double(total_mem_on_dev(d_));
   set_memory_fraction(d_, (double(base) + double(8u << 20)) / total);
-  std::string err = message_of([&] { to_device(Tensor::ones({16 << 20}), d_); });  // 64 MiB
+  std::string err = ref::error_message([&] { to_device(Tensor::ones({16 << 20}), d_); });  // 64 MiB
   set_memory_fraction(d_, 1.0);
   EXPECT_NE(err.find(d_.str() + ": out of memory"), std::string::npos) << err;
   EXPECT_NE(err.find(std::to_string(64u << 20) + " bytes"), std::string::npos) << err;
@@ -260,7 +252,7 @@ TEST_P(GpuTensors, UnderPressureTheLeastRecentlyUsedCopiesGoFirst) {
   empty_cache(d_);
   uint64_t held = memory_allocated(d_);
   set_memory_fraction(d_, double(held + (1u << 20)) / double(total_mem_on_dev(d_)));
-  std::string err = message_of([&] {
+  std::string err = ref::error_message([&] {
     Tensor big = to_device(Tensor::full({1 << 20}, 9.0), d_);  // needs one copy's room
     EXPECT_EQ(memory_allocated(d_), held) << "exactly one 4 MiB copy went";
   });
@@ -279,9 +271,9 @@ INSTANTIATE_TEST_SUITE_P(All, GpuTensors, ::testing::Values("opencl", "cuda"),
 
 TEST(DeviceTensors, BadDevicesAreClearErrors) {
   Tensor x = Tensor::ones({4});
-  EXPECT_NE(message_of([&] { to_device(x, "cuda:7"); }).find("cuda:7"), std::string::npos);
-  EXPECT_NE(message_of([&] { to_device(x, "gpu:x"); }).find("gpu:x"), std::string::npos);
-  EXPECT_NE(message_of([&] { memory_allocated(Device{}); }).find("holds no tensors"),
+  EXPECT_NE(ref::error_message([&] { to_device(x, "cuda:7"); }).find("cuda:7"), std::string::npos);
+  EXPECT_NE(ref::error_message([&] { to_device(x, "gpu:x"); }).find("gpu:x"), std::string::npos);
+  EXPECT_NE(ref::error_message([&] { memory_allocated(Device{}); }).find("holds no tensors"),
             std::string::npos);
   EXPECT_EQ(x.to(Device{}).storage(), x.storage());
 }
@@ -306,15 +298,15 @@ TEST(TwoOpenClDevices, EachRunsKernelsAndMixedInputsNeedSoftMode) {
     ASSERT_FLOAT_EQ(av[i], 2 * xv[i]);
     ASSERT_FLOAT_EQ(bv[i], 3 * yv[i]);
   }
-  std::string err = message_of([&] { add(x0, y1); });
+  std::string err = ref::error_message([&] { add(x0, y1); });
   EXPECT_NE(err.find("tensors on opencl:0 and opencl:1"), std::string::npos) << err;
   EXPECT_NE(err.find("soft device mode"), std::string::npos) << err;
-  err = message_of([&] {
+  err = ref::error_message([&] {
     DefaultDevice scope(cl1);
     add(x0, x0);
   });
   EXPECT_NE(err.find("while the default device is opencl:1"), std::string::npos) << err;
-  err = message_of([&] { copy_into(to_device(Tensor::zeros({300}), cl1), x0); });
+  err = ref::error_message([&] { copy_into(to_device(Tensor::zeros({300}), cl1), x0); });
   EXPECT_NE(err.find("tensors on opencl:0 and opencl:1"), std::string::npos)
       << "writing into a tensor on another device is mixed too: " << err;
 
@@ -389,7 +381,7 @@ TEST_F(GpuAutoPlacement, AGpuOutOfMemoryFallsBackToAnotherDevice) {
   empty_cache(gpu_);
   set_memory_fraction(gpu_, double(memory_allocated(gpu_) + 4096) / double(total_mem_on_dev(gpu_)));
   Tensor x = Tensor::full({1 << 18}, 1.5), y = Tensor::full({1 << 18}, 2.0);  // 1 MiB each
-  std::string err = message_of([&] {
+  std::string err = ref::error_message([&] {
     for (int i = 0; i < 12; i++) {
       Tensor z = add(x, y);
       EXPECT_EQ(z.to_vector<float>()[1000], 3.5f);

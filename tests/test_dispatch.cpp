@@ -22,11 +22,26 @@ int fake_kernel(void**) {
 }
 int failing_kernel(void**) { return -1; }
 
-// A float32 elementwise test kernel; min0: its minimum innermost extent.
+// A float32 elementwise test kernel (one 6-D input, one output); min0: its minimum innermost
+// extent.
+constexpr BufferSpec kFakeBuffers[] = {{"in0", BufferRole::input, DType::Float32, 6},
+                                       {"out", BufferRole::output, DType::Float32, 6}};
 constexpr KernelVariant fake_variant(const char* op, const char* variant, int (*fn)(void**),
                                      int64_t min0 = 0) {
-  return {op,      "elementwise", "float32", DType::Float32, DType::Float32,       1, "", 0,
-          variant, "sse41",       fn,        nullptr,        {min0, 0, 0, 0, 0, 0}};
+  return {op,
+          "elementwise",
+          "float32",
+          DType::Float32,
+          DType::Float32,
+          kFakeBuffers,
+          2,
+          "",
+          0,
+          variant,
+          "sse41",
+          fn,
+          nullptr,
+          {min0, 0, 0, 0, 0, 0}};
 }
 
 const KernelVariant kFake[] = {

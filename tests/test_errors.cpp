@@ -1,6 +1,8 @@
 // Bad inputs raise opforge::Error, and the message names the op and says what was expected.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -162,6 +164,31 @@ TEST(Errors, MiscellaneousInputChecks) {
   EXPECT_OPFORGE_ERROR(Tensor::empty({2, -1}), "empty");
   EXPECT_OPFORGE_ERROR(x.expand({3, 5}), "expand");
   EXPECT_OPFORGE_ERROR(Tensor::rand({3}, DType::Int32), "rand", "int32");
+}
+
+// Shape arithmetic is checked: int64 overflow, non-finite numbers and tensors too large for the
+// kernels' 32-bit indexing are errors naming the op, never a wrapped size.
+TEST(Errors, ShapeArithmeticIsChecked) {
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_OPFORGE_ERROR(Tensor::arange(NAN, 3), "arange", "finite");
+  EXPECT_OPFORGE_ERROR(Tensor::arange(0, INFINITY), "arange", "finite");
+  EXPECT_OPFORGE_ERROR(Tensor::arange(0, 1, NAN), "arange", "finite");
+  EXPECT_OPFORGE_ERROR(Tensor::arange(0, 1e30, 1e-30), "arange", "more than any memory");
+  // Views of 2^62 elements cost no memory, so sizes near the limit are reachable.
+  Tensor big = f32({1}).expand({int64_t(1) << 62});
+  EXPECT_OPFORGE_ERROR(opforge::concat({big, big}, 0), "concat", "overflows int64");
+  EXPECT_OPFORGE_ERROR(opforge::pad(f32({2}), {{kMax - 1, 5}}), "pad", "overflows int64");
+  Tensor huge = f32({1, 1}).expand({int64_t(1) << 40, int64_t(1) << 40});
+  EXPECT_OPFORGE_ERROR(huge.numel(), "more than 2^63 elements");
+  opforge::Conv2dOptions o;
+  o.dilation = {int64_t(1) << 62, 1};
+  EXPECT_OPFORGE_ERROR(opforge::conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), {}, o), "conv2d",
+                       "overflows int64");
+  // Extreme slice bounds and steps clamp as in Python, without overflow.
+  Tensor x = f32({10});
+  EXPECT_EQ(x.slice(0, std::numeric_limits<int64_t>::min(), kMax).numel(), 10);
+  EXPECT_EQ(x.slice(0, 0, 10, kMax).numel(), 1);
+  EXPECT_EQ(x.slice(0, -kMax, -kMax).numel(), 0);
 }
 
 }  // namespace

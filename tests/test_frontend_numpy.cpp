@@ -39,6 +39,11 @@ TEST(NumpyFrontend, DotStackTakeTranspose) {
   EXPECT_DOUBLE_EQ(np::dot(v, v).item(), 14);
   auto s = np::stack({v, v}, 0);
   EXPECT_EQ(s.shape(), (Shape{2, 3}));
+  EXPECT_EQ(s.to_double_vector(), (std::vector<double>{1, 2, 3, 1, 2, 3}));
+  auto w = np::array<double>({4, 5, 6}, {3});
+  auto s1 = np::stack({v, w}, 1);
+  EXPECT_EQ(s1.shape(), (Shape{3, 2}));
+  EXPECT_EQ(s1.to_double_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
   auto m = np::array<double>({1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_EQ(np::transpose(m).shape(), (Shape{3, 2}));
   EXPECT_EQ(np::transpose(m).contiguous().to_double_vector(),

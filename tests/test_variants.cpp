@@ -124,6 +124,39 @@ void check_cast(const KernelGroup& g, const VariantInfo& v) {
   expect_close(got, want, g.out_dtype);
 }
 
+// sincos: one kernel, two outputs; both are compared.
+void check_sincos(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  Tensor x = random(elementwise_shape(mins_of(v), 37), dt, Data::Normal,
+                    "variant/sincos/" + g.dtype_key + v.name);
+  Expected sin = broadcast_eval({x}, [](const std::vector<double>& a) { return std::sin(a[0]); });
+  Expected cos = broadcast_eval({x}, [](const std::vector<double>& a) { return std::cos(a[0]); });
+  Tensor got_cos;
+  Tensor got_sin = run_forced(g, v, [&] {
+    auto [s, c] = opforge::sincos(x);
+    got_cos = c;
+    return s;
+  });
+  ASSERT_TRUE(got_cos.defined());
+  expect_close(got_sin, sin, dt, transcendental_tol(dt));
+  expect_close(got_cos, cos, dt, transcendental_tol(dt));
+}
+
+// axpy_: y += alpha * x written in place (an inout buffer), x broadcast along all but the
+// innermost dim. The result must be y itself, and every element of y updated.
+void check_axpy(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  Shape shape = elementwise_shape(mins_of(v), 37);
+  std::string label = "variant/axpy/" + g.dtype_key + v.name;
+  Tensor y = random(shape, dt, Data::Normal, label + "/y");
+  Tensor x = random({shape.back()}, dt, Data::Normal, label + "/x");
+  Expected want =
+      broadcast_eval({y, x}, [](const std::vector<double>& a) { return a[0] + 0.75 * a[1]; });
+  Tensor got = run_forced(g, v, [&] { return opforge::axpy_(y, 0.75, x); });
+  EXPECT_EQ(got.storage(), y.storage()) << "axpy_ must return y, written in place";
+  expect_close(y, want, dt, tol_for(dt));
+}
+
 // ---- reduction: call extents (inner, reduced, outer) ----
 
 struct RedShape {
@@ -336,6 +369,8 @@ const std::map<std::string, Handler>& handlers() {
       };
     }
     t["cast"] = check_cast;
+    t["sincos"] = check_sincos;
+    t["axpy_"] = check_axpy;
     auto same = [](DType d) { return d; };
     auto widen = [](DType d) { return opforge::is_floating(d) ? d : DType::Int64; };
     auto i64 = [](DType) { return DType::Int64; };
@@ -390,7 +425,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
   for (const char* op : {"sum", "prod", "max", "min", "argmax", "argmin"})
     m[op] = keys(kNumericTypes);
   for (const char* op : {"mean", "logsumexp", "var", "softmax", "log_softmax", "layer_norm",
-                         "matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d"})
+                         "matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "sincos", "axpy_"})
     m[op] = keys(kFloatTypes);
   m["copy"] = keys(kAllTypes);
   m["gather"] = keys(kAllTypes);

@@ -22,6 +22,7 @@ struct UserContext {
   CpuPool* pool = nullptr;
   int opencl = -1;
   int cuda = -1;
+  std::string* error = nullptr;  // a kernel call's own slot for Halide's error text
 };
 
 class CpuPool {

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <future>
 
 namespace opforge::detail {
@@ -80,7 +81,15 @@ void DeviceQueue::worker() {
       running_ = true;
     }
     space_.notify_one();
-    task();          // tasks report their own errors through their events
+    // Tasks report their own errors through their events; this is the last line of defence, so
+    // that a fault in one never takes the process down.
+    try {
+      task();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "opforge: a task on device queue %d failed: %s\n", id_, e.what());
+    } catch (...) {
+      std::fprintf(stderr, "opforge: a task on device queue %d failed\n", id_);
+    }
     task = nullptr;  // what it holds (tensors, device blocks) goes before drain() returns
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -5,6 +5,7 @@
 #include <HalideRuntime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -26,18 +27,24 @@
 namespace opforge {
 namespace {
 
-// Halide reports an error on the thread that hit it, which for a parallel loop is a worker: keep
-// the caller's thread's message, and the process's last one for errors raised on workers.
+// Halide reports an error with the user context of the kernel call that hit it, on whichever
+// thread did (a worker, for a parallel loop): the message goes to that call's own slot
+// (UserContext::error). Errors outside kernel calls (the runtime's own device copies) go to the
+// reporting thread's slot.
 thread_local std::string halide_error_message;
-std::mutex last_error_mu;
-std::string last_error;
 
-void halide_error_to_message(void*, const char* msg) {
+void halide_error_to_message(void* user_context, const char* msg) {
+  auto* u = static_cast<detail::UserContext*>(user_context);
+  if (u && u->error) {
+    // Only failing calls get here; parallel workers of one call may report at once.
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    if (u->error->size() < 4096) *u->error += msg;
+    return;
+  }
   // Worker threads never clear theirs: keep the latest message only.
   if (halide_error_message.size() > 4096) halide_error_message.clear();
   halide_error_message += msg;
-  std::lock_guard<std::mutex> lock(last_error_mu);
-  last_error = msg;
 }
 
 void install_halide_error_handler() {
@@ -59,6 +66,27 @@ std::string detail::take_halide_error() {
 }
 
 namespace {
+
+// The errors of the queued calls one thread submitted, raised by that thread's synchronize(): a
+// failure belongs to whoever made the call, not to the next thread that synchronizes.
+struct ErrorSink {
+  std::mutex mu;
+  std::string first;
+  void add(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first.empty()) first = e;
+  }
+  std::string take() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::string e;
+    e.swap(first);
+    return e;
+  }
+};
+const std::shared_ptr<ErrorSink>& thread_errors() {
+  thread_local const std::shared_ptr<ErrorSink> sink = std::make_shared<ErrorSink>();
+  return sink;
+}
 
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -124,8 +152,6 @@ struct State {
   std::atomic<uint64_t> round_robin{0};
   bool log = log_enabled("dispatch");
   std::mutex submit_mu;  // see launch()
-  std::mutex error_mu;
-  std::string queued_error;  // first error of a queued call since synchronize()
   std::vector<std::unique_ptr<ExecDevice>> devices;
 
   State() {
@@ -327,8 +353,8 @@ const std::vector<double>& transfer_times(const State& s, const detail::KernelAr
   t.clear();
   if (!args || cands.size() < 2) return t;
   bool any = false;
-  for (int b = 0; b + 1 < args->num_buffers() && !any; b++)
-    any = args->storage(b) && args->storage(b)->on_gpus();
+  for (int b = 0; b < args->num_buffers() && !any; b++)
+    any = args->reads(b) && args->storage(b) && args->storage(b)->on_gpus();
   for (const auto& c : cands) any = any || s.devices[size_t(c.device)]->mem;
   if (!any) return t;
   double host_bw = 0;  // a host read of GPU data goes at the slowest GPU's speed
@@ -338,8 +364,8 @@ const std::vector<double>& transfer_times(const State& s, const detail::KernelAr
   for (const auto& c : cands) {
     const detail::DeviceMemory* mem = s.devices[size_t(c.device)]->mem;
     size_t bytes = 0;
-    for (int b = 0; b + 1 < args->num_buffers(); b++)
-      if (const auto& st = args->storage(b)) bytes += st->stale_bytes(mem);
+    for (int b = 0; b < args->num_buffers(); b++)
+      if (const auto& st = args->storage(b); st && args->reads(b)) bytes += st->stale_bytes(mem);
     double bw = mem ? mem->bandwidth() : host_bw;
     if (bytes && bw > 0) t[size_t(c.device)] = double(bytes) / bw;
   }
@@ -426,29 +452,67 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   return d;
 }
 
-// Calls the kernel on this thread; returns the error message (empty on success).
-std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args) {
+// Halide's errors that the call's arguments cause (a buffer of the wrong type, rank or layout, a
+// parameter out of range): every variant would refuse them alike, so they are not the variant's.
+bool caused_by_arguments(int rc) {
+  switch (rc) {
+    case halide_error_code_bad_type:
+    case halide_error_code_bad_dimensions:
+    case halide_error_code_buffer_extents_too_large:
+    case halide_error_code_buffer_extents_negative:
+    case halide_error_code_constraint_violated:
+    case halide_error_code_param_too_small:
+    case halide_error_code_param_too_large:
+    case halide_error_code_buffer_argument_is_null:
+    case halide_error_code_buffer_is_null:
+    case halide_error_code_host_is_null:
+    case halide_error_code_unaligned_host_ptr:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// "op (dtype, variant v, on device)": how errors name the call.
+std::string call_label(const State& s, const KernelGroup& g, const Decision& d) {
+  return g.op->name + " (" + g.dtype_key + ", variant " + g.variants[size_t(d.variant)].name +
+         ", on " + s.devices[size_t(d.device)]->device.str() + ")";
+}
+
+// How a call went: kernel: the variant failed (another may run it); arguments: the call's
+// arguments were refused (no variant would run it); around: the copies or memory around the
+// kernel failed (another device may run it).
+enum class Fault { none, kernel, arguments, around };
+
+// Calls the kernel on this thread; returns the error message (empty on success). `call_error`:
+// the call's own Halide error slot (null: this thread's).
+std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args,
+                       std::string* call_error, Fault& fault) {
   const VariantInfo& v = g.variants[size_t(d.variant)];
-  halide_error_message.clear();
+  std::string& slot = call_error ? *call_error : halide_error_message;
+  slot.clear();
   int rc = v.kernel->argv(args);
   s.devices[size_t(d.device)]->calls++;
-  if (rc != 0) {
-    std::string msg = halide_error_message;
-    if (msg.empty()) {
-      std::lock_guard<std::mutex> lock(last_error_mu);
-      msg = last_error.empty() ? "error code " + std::to_string(rc) : last_error;
-    }
-    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
-    return g.op->name + " (" + g.dtype_key + ", variant " + v.name + "): kernel failed: " + msg;
+  if (rc == 0) {
+    fault = Fault::none;
+    return {};
   }
-  return {};
+  std::string msg;
+  msg.swap(slot);
+  if (msg.empty()) msg = "Halide error code " + std::to_string(rc);
+  while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+  fault = caused_by_arguments(rc) ? Fault::arguments : Fault::kernel;
+  return call_label(s, g, d) + ": " +
+         (fault == Fault::arguments ? "the kernel refused the call's arguments: "
+                                    : "kernel failed: ") +
+         msg;
 }
 
 // Runs the call on the caller's thread, timing it when the model asked for a timing.
 std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void** args,
-                       const Clock& clock, double& seconds) {
+                       std::string* call_error, const Clock& clock, double& seconds, Fault& fault) {
   double t0 = d.timed ? now_seconds(clock) : 0;
-  std::string err = run_kernel(s, g, d, args);
+  std::string err = run_kernel(s, g, d, args, call_error, fault);
   seconds = d.timed ? now_seconds(clock) - t0 : 0;
   return err;
 }
@@ -456,24 +520,22 @@ std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void**
 // Runs a queued call on its device. A call first makes its tensors current where it runs (copying
 // only what is stale); a GPU call waits for the device before it returns, so that the measured
 // time is the call's. `seconds` leaves the copies out: the scheduler predicts them apart (its
-// transfer term). Queued calls are always timed. kernel_failed: the kernel itself failed (not the
-// copies around it).
+// transfer term). Queued calls are always timed.
 std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail::KernelArgs& args,
-                       const Clock& clock, double& seconds, bool& kernel_failed) {
+                       const Clock& clock, double& seconds, Fault& fault) {
   ExecDevice& dev = *s.devices[size_t(d.device)];
   void** argv = args.argv();
   double t0 = now_seconds(clock), copied = 0;
   std::string err;
-  kernel_failed = false;
+  fault = Fault::around;
   if (!dev.mem) {
     try {
       args.prepare_host();
     } catch (const std::exception& e) {
-      return g.op->name + ": " + e.what();
+      return call_label(s, g, d) + ": " + e.what();
     }
     copied = now_seconds(clock) - t0;
-    err = run_kernel(s, g, d, argv);
-    kernel_failed = !err.empty();
+    err = run_kernel(s, g, d, argv, args.error_slot(), fault);
     if (err.empty()) args.host_done();
     seconds = now_seconds(clock) - t0 - copied;
     return err;
@@ -482,19 +544,22 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, detail
   try {
     args.prepare_device(*dev.mem);
     copied = now_seconds(clock) - t0;
-    err = run_kernel(s, g, d, argv);
-    kernel_failed = !err.empty();
+    err = run_kernel(s, g, d, argv, args.error_slot(), fault);
     if (err.empty()) {
-      dev.mem->sync(*args.halide_buffer(args.num_buffers() - 1));
+      dev.mem->sync(*args.halide_buffer(args.first_written()));
       ran = true;
     }
   } catch (const std::exception& e) {
-    err = g.op->name + ": " + e.what();
+    err = call_label(s, g, d) + ": " + e.what();
+    fault = Fault::around;
   }
   try {
     args.device_done(*dev.mem, ran);
   } catch (const std::exception& e) {
-    if (err.empty()) err = g.op->name + ": " + e.what();
+    if (err.empty()) {
+      err = call_label(s, g, d) + ": " + e.what();
+      fault = Fault::around;
+    }
   }
   seconds = now_seconds(clock) - t0 - copied;
   return err;
@@ -557,13 +622,14 @@ std::string retry_elsewhere(State& s, const KernelGroup& g, const CallExtents& e
     d = std::move(*next);
     args.set_context(s.devices[size_t(d.device)]->user_context);
     double seconds = 0;
-    bool kernel_failed = false;
-    err = run_queued(s, g, d, args, clock, seconds, kernel_failed);
+    Fault fault = Fault::none;
+    err = run_queued(s, g, d, args, clock, seconds, fault);
     if (err.empty()) {
       record_time(s, g, d, seconds, false);
       break;
     }
-    if (!kernel_failed) {
+    if (fault == Fault::arguments) break;
+    if (fault != Fault::kernel) {
       record_failure(s, g, d, false);
       break;
     }
@@ -664,13 +730,8 @@ std::vector<DeviceStats> device_stats() {
 }
 
 void synchronize() {
-  State& s = state();
   State::synchronize_quietly();
-  std::string err;
-  {
-    std::lock_guard<std::mutex> lock(s.error_mu);
-    err.swap(s.queued_error);
-  }
+  std::string err = thread_errors()->take();
   if (!err.empty()) throw Error(err);
 }
 
@@ -682,8 +743,10 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
   for (int tries = 0;; tries++) {
     if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->user_context;
     double seconds = 0;
-    std::string err = run_inline(s, g, d, args, clock, seconds);
+    Fault fault = Fault::none;
+    std::string err = run_inline(s, g, d, args, nullptr, clock, seconds, fault);
     if (err.empty()) return record_time(s, g, d, seconds, false);
+    if (fault == Fault::arguments) throw Error(err);
     s.sched.failed(d, false);
     auto next =
         tries < kMaxFailovers ? fail_over(s, g, ext, devs, clock, nullptr, d, err) : std::nullopt;
@@ -696,18 +759,21 @@ namespace detail {
 
 void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   State& s = state();
+  args.check(g);
   thread_local std::vector<Dependency> deps;
   deps.clear();
-  int last = args.num_buffers() - 1;
-  for (int b = 0; b <= last; b++)
-    if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
+  const int nb = args.num_buffers();
+  for (int b = 0; b < nb; b++)
+    if (const auto& st = args.storage(b)) st->dependencies(deps, args.reads(b), args.writes(b));
   Clock clock;
   Device home;
   const std::vector<int>& devs = candidate_devices(s, g.op->name, args, home);
   Decision d = choose(s, g, ext, devs, clock, deps, &args);
   ExecDevice& dev = *s.devices[size_t(d.device)];
   args.set_context(dev.user_context);
-  if (home.kind != DeviceKind::cpu) args.storage(last)->adopt_home(home);
+  if (home.kind != DeviceKind::cpu)
+    for (int b = 0; b < nb; b++)
+      if (args.role(b) == BufferRole::output) args.storage(b)->adopt_home(home);
 
   if (!dev.queue) {
     std::string err = wait_for(g, deps);
@@ -720,20 +786,19 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
         err = g.op->name + ": " + e.what();
       }
     }
-    bool kernel_failed = false;
-    if (err.empty()) {
-      err = run_inline(s, g, d, args.argv(), clock, seconds);
-      kernel_failed = !err.empty();
-    }
+    Fault fault = Fault::none;
+    if (err.empty())
+      err = run_inline(s, g, d, args.argv(), args.error_slot(), clock, seconds, fault);
     if (err.empty()) {
       args.host_done();
       record_time(s, g, d, seconds, false);
-    } else if (kernel_failed) {
+    } else if (fault == Fault::kernel) {
       s.sched.failed(d, false);
       err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
     }
     if (!err.empty()) throw Error(err);
-    if (const auto& out = args.storage(last)) out->written_in_place();
+    for (int b = 0; b < nb; b++)
+      if (const auto& out = args.storage(b); out && args.writes(b)) out->written_in_place();
     return;
   }
 
@@ -742,61 +807,82 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   // a call queued ahead of it on the same device.
   std::lock_guard<std::mutex> submitting(s.submit_mu);
   deps.clear();
-  for (int b = 0; b <= last; b++)
-    if (const auto& st = args.storage(b)) st->dependencies(deps, b == last);
+  for (int b = 0; b < nb; b++)
+    if (const auto& st = args.storage(b)) st->dependencies(deps, args.reads(b), args.writes(b));
   d.timed = true;  // every queued call is timed: the queue model needs its duration anyway
   double now = now_seconds(clock);
   auto done =
       std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.occupies());
-  std::vector<std::shared_ptr<Storage>> touched;
-  for (int b = 0; b <= last; b++) touched.push_back(args.storage(b));
+  std::array<std::shared_ptr<Storage>, kMaxKernelBuffers> touched;
+  std::array<bool, kMaxKernelBuffers> written{};
+  for (int b = 0; b < nb; b++) {
+    touched[size_t(b)] = args.storage(b);
+    written[size_t(b)] = args.writes(b);
+  }
   s.sched.enqueued(d);
   // Where a failed kernel may go: a forced variant stays (as the force was when the call was made);
   // automatic placement may use another device.
   bool may_fail_over = !s.any_forced.load(std::memory_order_relaxed);
   bool placed = devs.size() > 1;
   dev.queue->submit([&s, &g, d, ext, may_fail_over, placed, clock, args = std::move(args),
-                     deps = std::move(deps), done]() mutable {
-    s.sched.started(d, now_seconds(clock));
-    std::string err = wait_for(g, deps);
-    double seconds = 0;
-    bool kernel_failed = false, inputs_ok = err.empty();
-    if (inputs_ok) {
-      auto t0 = std::chrono::steady_clock::now();
-      s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
-      err = run_queued(s, g, d, args, clock, seconds, kernel_failed);
-      s.devices[size_t(d.device)]->running_since = 0;
-      s.devices[size_t(d.device)]->busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                  std::chrono::steady_clock::now() - t0)
-                                                  .count();
-    }
-    if (err.empty()) {
-      record_time(s, g, d, seconds, true);
-    } else if (kernel_failed) {
-      s.sched.failed(d, true);
-      std::vector<int> devs{d.device};
-      if (placed) auto_devices(s, devs);
-      if (may_fail_over) err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
-    } else {
-      record_failure(s, g, d, true);
-      // The copies or the device's memory failed (a GPU out of memory): a call that automatic
-      // placement sent there runs on another device instead.
-      std::vector<int> others;
-      if (inputs_ok && may_fail_over && placed) {
-        auto_devices(s, others);
-        others.erase(std::remove(others.begin(), others.end(), d.device), others.end());
+                     deps = std::move(deps), done, sink = thread_errors()]() mutable {
+    bool accounted = false;  // the scheduler has been told how the call ended
+    std::string err;
+    // Nothing escapes a queued task: an exception from the retry path, an allocation or a bug is
+    // the call's error, raised by whoever waits for its result; the worker goes on.
+    try {
+      s.sched.started(d, now_seconds(clock));
+      err = wait_for(g, deps);
+      double seconds = 0;
+      Fault fault = Fault::none;
+      bool inputs_ok = err.empty();
+      if (inputs_ok) {
+        auto t0 = std::chrono::steady_clock::now();
+        s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
+        err = run_queued(s, g, d, args, clock, seconds, fault);
+        s.devices[size_t(d.device)]->running_since = 0;
+        s.devices[size_t(d.device)]->busy_ns +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                 t0)
+                .count();
       }
-      if (!others.empty()) err = retry_elsewhere(s, g, ext, others, clock, args, d, err);
+      accounted = true;
+      if (err.empty()) {
+        record_time(s, g, d, seconds, true);
+      } else if (fault == Fault::kernel) {
+        s.sched.failed(d, true);
+        std::vector<int> devs{d.device};
+        if (placed) auto_devices(s, devs);
+        if (may_fail_over) err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
+      } else {
+        record_failure(s, g, d, true);
+        // The copies or the device's memory failed (a GPU out of memory): a call that automatic
+        // placement sent there runs on another device instead.
+        std::vector<int> others;
+        if (fault == Fault::around && inputs_ok && may_fail_over && placed) {
+          auto_devices(s, others);
+          others.erase(std::remove(others.begin(), others.end(), d.device), others.end());
+        }
+        if (!others.empty()) err = retry_elsewhere(s, g, ext, others, clock, args, d, err);
+      }
+    } catch (const std::exception& e) {
+      err = (err.empty() ? call_label(s, g, d) + ": " : err + "; then ") + e.what();
+    } catch (...) {
+      err = (err.empty() ? call_label(s, g, d) + ": " : err + "; then ") + "an unknown exception";
     }
-    if (!err.empty()) {
-      std::lock_guard<std::mutex> lock(s.error_mu);
-      if (s.queued_error.empty()) s.queued_error = err;
+    if (!accounted) {
+      s.devices[size_t(d.device)]->running_since = 0;
+      try {
+        record_failure(s, g, d, true);
+      } catch (...) {
+      }
     }
+    if (!err.empty()) sink->add(err);
     done->complete(err);
   });
   // Recorded once queued (and still under the lock): a failed submit leaves no event behind.
-  for (int b = 0; b <= last; b++)
-    if (touched[size_t(b)]) touched[size_t(b)]->record(done, b == last);
+  for (int b = 0; b < nb; b++)
+    if (touched[size_t(b)]) touched[size_t(b)]->record(done, written[size_t(b)]);
 }
 
 }  // namespace detail

@@ -56,9 +56,9 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
   return v;
 }
 
-void KernelArgs::buffer(const View& v) {
-  OPFORGE_CHECK(nb_ < int(bufs_.size()) && na_ < int(args_.size()))
-      << "a kernel takes at most " << bufs_.size() << " tensors";
+void KernelArgs::add(const View& v, BufferRole role) {
+  OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
+  roles_[size_t(nb_)] = role;
   storages_[size_t(nb_)] = v.storage;
   offsets_[size_t(nb_)] = v.offset_bytes;
   Buf& b = bufs_[size_t(nb_++)];
@@ -66,36 +66,73 @@ void KernelArgs::buffer(const View& v) {
   b.b.type = halide_type_of(v.dtype);
   b.b.dimensions = v.n;
   b.b.dim = b.d;
+  // The kernels are compiled without Halide's large_buffers: each buffer's extents, strides and
+  // element count must stay below 2^31. Refused here, before Halide would wrap an index.
+  int64_t elements = 1;
   for (int i = 0; i < v.n; i++) {
     OPFORGE_CHECK(v.extent[i] <= INT32_MAX && v.stride[i] <= INT32_MAX && v.stride[i] >= INT32_MIN)
         << "tensor dimension " << v.extent[i] << " (stride " << v.stride[i]
         << ") exceeds the 2^31 limit of generated kernels";
+    elements *= std::max<int64_t>(v.extent[i], 1);
+    OPFORGE_CHECK(elements <= INT32_MAX)
+        << "a tensor of " << elements << "+ elements in one kernel call exceeds the 2^31-element "
+        << "limit of generated kernels (they are built without Halide's large_buffers)";
     b.d[i] = {0, int32_t(v.extent[i]), int32_t(v.stride[i]), 0};
   }
-  slots_[size_t(na_++)] = Slot::buffer;
+}
+
+int KernelArgs::first_written() const {
+  for (int b = 0; b < nb_; b++)
+    if (writes(b)) return b;
+  return -1;
+}
+
+namespace {
+DType dtype_of_halide(const halide_type_t& t) {
+  if (t.code == halide_type_float) return t.bits == 32 ? DType::Float32 : DType::Float64;
+  if (t.code == halide_type_uint) return DType::Bool;
+  return t.bits == 32 ? DType::Int32 : DType::Int64;
+}
+}  // namespace
+
+void KernelArgs::check(const KernelGroup& g) const {
+  const std::string& op = g.op->name;
+  OPFORGE_CHECK(size_t(nb_) == g.buffers.size())
+      << op << " (" << g.dtype_key << "): the call passes " << nb_ << " buffers, the kernel takes "
+      << g.buffers.size();
+  for (int b = 0; b < nb_; b++) {
+    const BufferSpec& want = g.buffers[size_t(b)];
+    const halide_buffer_t& got = bufs_[size_t(b)].b;
+    OPFORGE_CHECK(roles_[size_t(b)] == want.role)
+        << op << " (" << g.dtype_key << "): buffer " << b << " (" << want.name << ") is passed as "
+        << role_name(roles_[size_t(b)]) << ", the kernel declares it " << role_name(want.role);
+    OPFORGE_CHECK(dtype_of_halide(got.type) == want.dtype)
+        << op << " (" << g.dtype_key << "): buffer " << b << " (" << want.name << ") is "
+        << dtype_name(dtype_of_halide(got.type)) << ", expected " << dtype_name(want.dtype);
+    OPFORGE_CHECK(got.dimensions == want.dims)
+        << op << " (" << g.dtype_key << "): buffer " << b << " (" << want.name << ") has rank "
+        << got.dimensions << ", expected " << want.dims;
+  }
 }
 
 void** KernelArgs::argv() {
-  int nb = 0, nf = 0, ni = 0;
-  for (int a = 0; a < na_; a++) {
-    switch (a == 0 ? Slot::context : slots_[size_t(a)]) {
-      case Slot::context:
-        args_[0] = &context_;
-        break;
-      case Slot::buffer: {
-        Buf& b = bufs_[size_t(nb++)];
-        b.b.dim = b.d;
-        args_[size_t(a)] = &b.b;
-        break;
-      }
-      case Slot::f64:
-        args_[size_t(a)] = &f_[size_t(nf++)];
-        break;
-      case Slot::i32:
-        args_[size_t(a)] = &i_[size_t(ni++)];
-        break;
+  size_t a = 0;
+  ctx_.error = &error_;
+  context_ = &ctx_;
+  args_[a++] = &context_;
+  for (int b = 0; b < nb_; b++)
+    if (reads(b)) {
+      bufs_[size_t(b)].b.dim = bufs_[size_t(b)].d;
+      args_[a++] = &bufs_[size_t(b)].b;
     }
-  }
+  for (int k = 0, nf = 0, ni = 0; k < ns_; k++)
+    args_[a++] = slots_[size_t(k)] == Slot::f64 ? static_cast<void*>(&f_[size_t(nf++)])
+                                                : static_cast<void*>(&i_[size_t(ni++)]);
+  for (int b = 0; b < nb_; b++)
+    if (writes(b)) {
+      bufs_[size_t(b)].b.dim = bufs_[size_t(b)].d;
+      args_[a++] = &bufs_[size_t(b)].b;
+    }
   return args_.data();
 }
 
@@ -113,20 +150,22 @@ void KernelArgs::prepare_host() {
 }
 
 void KernelArgs::host_done() {
-  if (Storage* out = storages_[size_t(nb_ - 1)].get(); out && out->on_gpus()) out->host_written();
+  for (int b = 0; b < nb_; b++)
+    if (Storage* out = storages_[size_t(b)].get(); writes(b) && out && out->on_gpus())
+      out->host_written();
 }
 
 void KernelArgs::prepare_device(DeviceMemory& mem) {
-  int last = nb_ - 1;
-  for (int b = 0; b <= last; b++) {
+  for (int b = 0; b < nb_; b++) {
     Storage* st = storages_[size_t(b)].get();
     halide_buffer_t& hb = bufs_[size_t(b)].b;
     size_t span = hb.size_in_bytes(), off = offsets_[size_t(b)];
-    // An output that densely covers its whole storage, which no input shares, needs nothing
-    // copied there first.
-    bool overwrite = b == last && off == 0 && span == st->bytes &&
+    // An output (not inout) that densely covers its whole storage, which no other buffer shares,
+    // needs nothing copied there first.
+    bool overwrite = roles_[size_t(b)] == BufferRole::output && off == 0 && span == st->bytes &&
                      size_t(hb.number_of_elements()) * hb.type.bytes() == span;
-    for (int i = 0; overwrite && i < last; i++) overwrite = storages_[size_t(i)].get() != st;
+    for (int i = 0; overwrite && i < nb_; i++)
+      overwrite = i == b || storages_[size_t(i)].get() != st;
     DeviceBlock& block = st->device_current(mem, overwrite, true);
     pinned_[size_t(b)] = true;
     hb.host = nullptr;
@@ -140,8 +179,6 @@ void KernelArgs::prepare_device(DeviceMemory& mem) {
 }
 
 void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
-  int last = nb_ - 1;
-  Storage* out = storages_[size_t(last)].get();
   auto release_staged = [&] {
     for (auto& dense : staged_)
       if (dense) {
@@ -149,35 +186,51 @@ void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
         dense = nullptr;
       }
   };
+  auto unpin_all = [&] {
+    for (int b = 0; b < nb_; b++)
+      if (pinned_[size_t(b)]) {
+        storages_[size_t(b)]->unpin(mem);
+        pinned_[size_t(b)] = false;
+      }
+  };
+  int failed_at = nb_;
   try {
-    if (DeviceBlock* dense = staged_[size_t(last)]; dense && ran)
-      mem.copy(*dense, 0, out->device_current(mem, false), offsets_[size_t(last)],
-               bufs_[size_t(last)].b.size_in_bytes());
+    for (int b = 0; b < nb_ && ran; b++)
+      if (DeviceBlock* dense = staged_[size_t(b)]; dense && writes(b)) {
+        failed_at = b;
+        mem.copy(*dense, 0, storages_[size_t(b)]->device_current(mem, false), offsets_[size_t(b)],
+                 bufs_[size_t(b)].b.size_in_bytes());
+      }
   } catch (...) {
     release_staged();
-    for (int b = 0; b <= last; b++)
-      if (pinned_[size_t(b)]) storages_[size_t(b)]->unpin(mem);
-    out->device_failed(mem);
+    unpin_all();
+    for (int b = 0; b < nb_; b++)
+      if (writes(b)) {
+        // Outputs copied back before the failure are whole; the rest are not.
+        if (b < failed_at)
+          storages_[size_t(b)]->device_written(mem);
+        else
+          storages_[size_t(b)]->device_failed(mem);
+      }
     throw;
   }
   release_staged();
-  for (int b = 0; b <= last; b++)
-    if (pinned_[size_t(b)]) {
-      storages_[size_t(b)]->unpin(mem);
-      pinned_[size_t(b)] = false;
+  unpin_all();
+  // A failed call may have written part of a device copy: only the host's is trustworthy.
+  for (int b = 0; b < nb_; b++)
+    if (writes(b)) {
+      if (ran)
+        storages_[size_t(b)]->device_written(mem);
+      else
+        storages_[size_t(b)]->device_failed(mem);
     }
-  // A failed call may have written part of the device copy: only the host's is trustworthy.
-  if (ran)
-    out->device_written(mem);
-  else
-    out->device_failed(mem);
 }
 
 void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
   OPFORGE_CHECK(values.size() == op.attrs.size())
       << op.name << ": expected " << op.attrs.size() << " attribute(s), got " << values.size();
-  OPFORGE_CHECK(values.size() + size_t(na_) < args_.size() && values.size() <= f_.size())
-      << op.name << ": a kernel takes at most " << f_.size() << " attributes";
+  OPFORGE_CHECK(size_t(ns_) + values.size() <= slots_.size())
+      << op.name << ": a kernel takes at most " << slots_.size() << " attributes";
   for (size_t i = 0; i < values.size(); i++) {
     if (op.attrs[i].integer) {
       OPFORGE_CHECK(values[i] >= INT32_MIN && values[i] <= INT32_MAX &&
@@ -185,10 +238,10 @@ void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
           << op.name << ": attribute " << op.attrs[i].name << " must be a 32-bit integer, got "
           << values[i];
       i_[size_t(ni_++)] = int32_t(values[i]);
-      slots_[size_t(na_++)] = Slot::i32;
+      slots_[size_t(ns_++)] = Slot::i32;
     } else {
       f_[size_t(nf_++)] = values[i];
-      slots_[size_t(na_++)] = Slot::f64;
+      slots_[size_t(ns_++)] = Slot::f64;
     }
   }
 }
@@ -274,8 +327,8 @@ void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst) {
     return;
   }
   KernelArgs args;
-  args.buffer(views[0].bind(src));
-  args.buffer(views[1].bind(dst));
+  args.input(views[0].bind(src));
+  args.output(views[1].bind(dst));
   launch(g, extents_of(views[1]), std::move(args));
 }
 
@@ -297,6 +350,43 @@ int wrap_axis(const char* op, int axis, int rank) {
       << op << ": axis " << axis << " is out of range for a tensor of rank " << rank
       << " (expected " << -r << " to " << r - 1 << ")";
   return axis < 0 ? axis + r : axis;
+}
+
+}  // namespace opforge::detail
+
+namespace opforge::detail {
+
+bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (a.storage() != b.storage() || a.numel() == 0 || b.numel() == 0) return false;
+  auto range = [](const Tensor& t, int64_t& lo, int64_t& hi) {
+    lo = hi = t.offset() * int64_t(t.element_size());
+    for (int d = 0; d < t.dim(); d++) {
+      int64_t span = (t.shape()[d] - 1) * t.strides()[d] * int64_t(t.element_size());
+      (span < 0 ? lo : hi) += span;
+    }
+    hi += int64_t(t.element_size()) - 1;
+  };
+  int64_t alo, ahi, blo, bhi;
+  range(a, alo, ahi);
+  range(b, blo, bhi);
+  return alo <= bhi && blo <= ahi;
+}
+
+bool same_view(const Tensor& a, const Tensor& b) {
+  if (a.storage() != b.storage() || a.offset() != b.offset() || a.shape() != b.shape())
+    return false;
+  for (int d = 0; d < a.dim(); d++)
+    if (a.shape()[d] != 1 && a.strides()[d] != b.strides()[d]) return false;
+  return true;
+}
+
+void check_writable(const char* op, const Tensor& dst) {
+  for (int d = 0; d < dst.dim(); d++)
+    OPFORGE_CHECK(dst.strides()[d] != 0 || dst.shape()[d] <= 1)
+        << op << ": the destination " << shape_str(dst.shape()) << " has stride 0 in dimension "
+        << d
+        << " (an expanded view), so several of its elements share one address; write into a "
+           "tensor that owns its elements (clone() or contiguous() it first)";
 }
 
 }  // namespace opforge::detail

@@ -7,6 +7,7 @@
 #include <array>
 #include <memory>
 
+#include "cpu_devices.hpp"
 #include "gpu_devices.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
@@ -66,51 +67,72 @@ View view_of(const Tensor& t);
 // A view of a contiguous tensor with the given extents (innermost first).
 View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
 
-// The arguments of one kernel call, in the generated kernel's order. Argument 0 is its Halide user
-// context (a UserContext: the logical CPU device's pool, the OpenCL device), set by launch().
-// Buffers are the inputs in order, then the output, which is always last. The object may be moved
-// into a device queue: argv() builds the pointer array where the object finally lives.
+// The arguments of one kernel call. Argument 0 is its Halide user context (a UserContext: the
+// logical CPU device's pool, the OpenCL device), set by launch(). Buffers are given in the kernel's
+// declared order, each with its role; argv() lays them out as kernel_abi.hpp says (read buffers,
+// scalars, written buffers; an inout buffer twice). The object may be moved into a device queue:
+// argv() builds the pointer array where the object finally lives.
 class KernelArgs {
  public:
-  void buffer(const View& v);
+  void input(const View& v) { add(v, BufferRole::input); }
+  void output(const View& v) { add(v, BufferRole::output); }
+  void inout(const View& v) { add(v, BufferRole::inout); }
   void attrs(const OpInfo& op, const AttrValues& values);
-  void set_context(void* ctx) { context_ = ctx; }
+  // The device's user context (a UserContext, null: the plain cpu); each call carries a copy of
+  // its own, with the call's slot for Halide's error text.
+  void set_context(void* device_context) {
+    ctx_ = device_context ? *static_cast<UserContext*>(device_context) : UserContext{};
+  }
+  std::string* error_slot() { return &error_; }
   void** argv();
   int num_buffers() const { return nb_; }
+  BufferRole role(int b) const { return roles_[size_t(b)]; }
+  bool reads(int b) const { return opforge::reads(roles_[size_t(b)]); }
+  bool writes(int b) const { return opforge::writes(roles_[size_t(b)]); }
+  // The first buffer the kernel writes.
+  int first_written() const;
   halide_buffer_t* halide_buffer(int i) { return &bufs_[size_t(i)].b; }
-  // Storages the call reads (every buffer but the last) and writes (the last).
   const std::shared_ptr<Storage>& storage(int buffer) const { return storages_[size_t(buffer)]; }
+  // Refuses buffers that do not match the group's contract (count, role, dtype, rank), naming the
+  // op and the buffer: a call with the wrong buffers would read or write the wrong memory.
+  void check(const KernelGroup& g) const;
 
   // Before a host kernel runs: brings stale host copies up to date and points the buffers at them.
   void prepare_host();
-  // After it ran: the output's GPU copies are stale.
+  // After it ran: the written buffers' GPU copies are stale.
   void host_done();
   // Before a kernel runs on `mem`'s device: brings the storages' copies there up to date (copying
   // what is stale) and points the buffers at them. A view OpenCL cannot address in place runs on
   // a dense copy of its span.
   void prepare_device(DeviceMemory& mem);
-  // After it ran (and the device finished): writes a staged output back and marks the output's
-  // other copies stale. Either way, gives the dense copies back.
+  // After it ran (and the device finished): writes staged outputs back and marks the written
+  // storages' other copies stale. Either way, gives the dense copies back.
   void device_done(DeviceMemory& mem, bool ran);
 
  private:
-  enum class Slot : uint8_t { context, buffer, f64, i32 };
+  void add(const View& v, BufferRole role);
+  enum class Slot : uint8_t { f64, i32 };
+  static constexpr size_t kBufs = size_t(kMaxKernelBuffers);
   struct Buf {
     halide_buffer_t b{};
     halide_dimension_t d[kMaxDims]{};
   };
-  std::array<Buf, 6> bufs_{};
-  std::array<std::shared_ptr<Storage>, 6> storages_{};
-  std::array<size_t, 6> offsets_{};        // bytes
-  std::array<DeviceHandle, 6> handles_{};  // a GPU call's device handles
-  std::array<DeviceBlock*, 6> staged_{};   // a GPU call's dense copies of views it cannot address
-  std::array<bool, 6> pinned_{};           // a GPU call's storages whose device copy it pinned
+  std::array<Buf, kBufs> bufs_{};
+  std::array<BufferRole, kBufs> roles_{};
+  std::array<std::shared_ptr<Storage>, kBufs> storages_{};
+  std::array<size_t, kBufs> offsets_{};        // bytes
+  std::array<DeviceHandle, kBufs> handles_{};  // a GPU call's device handles
+  std::array<DeviceBlock*, kBufs>
+      staged_{};                      // a GPU call's dense copies of views it cannot address
+  std::array<bool, kBufs> pinned_{};  // a GPU call's storages whose device copy it pinned
   std::array<double, 8> f_{};
   std::array<int32_t, 8> i_{};
-  std::array<Slot, 16> slots_{};
-  std::array<void*, 16> args_{};
-  void* context_ = nullptr;
-  int nb_ = 0, nf_ = 0, ni_ = 0, na_ = 1;  // slot 0: the context
+  std::array<Slot, 8> slots_{};  // the scalars in the op's attribute order
+  std::array<void*, 1 + 2 * kBufs + 8> args_{};
+  UserContext ctx_;
+  std::string error_;
+  void* context_ = nullptr;  // &ctx_, set by argv()
+  int nb_ = 0, nf_ = 0, ni_ = 0, ns_ = 0;
 };
 
 // Runs one kernel of the group: the scheduler chooses the device and the variant, and the call runs
@@ -134,6 +156,14 @@ void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst);
 CallExtents extents(std::initializer_list<int64_t> e);
 
 int wrap_axis(const char* op, int axis, int rank);
+
+// The byte ranges two tensors span in one storage intersect (false for different storages).
+bool may_overlap(const Tensor& a, const Tensor& b);
+// Same storage, offset, shape and strides: a pointwise kernel may read and write it in place.
+bool same_view(const Tensor& a, const Tensor& b);
+// Refuses a destination in which several elements share one address (an expanded, stride-0
+// view), as PyTorch does: what such a write leaves behind depends on the order of the writes.
+void check_writable(const char* op, const Tensor& dst);
 
 // A result made without a kernel (empty, or a constant) goes where a kernel's would have: to the
 // GPU device an input lives on, if any.

@@ -84,9 +84,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
       (K == 0) ? Tensor::zeros(out_shape, g.out_dtype) : Tensor::empty(out_shape, g.out_dtype);
   if (out.numel() > 0 && K > 0) {
     KernelArgs args;
-    args.buffer(matrix_view(a, B));
-    args.buffer(matrix_view(b, B));
-    args.buffer(dense_view(out, {N, M, B}));
+    args.input(matrix_view(a, B));
+    args.input(matrix_view(b, B));
+    args.output(dense_view(out, {N, M, B}));
     launch(g, extents({N, M, K, B}), std::move(args));
   }
   if (a_vec) out = out.squeeze(-2);
@@ -120,8 +120,8 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   if (out.numel() == 0) return place_like(out, {a, b, c});
   if (K == 0) return place_like(mul(ce.contiguous(), beta), {a, b, c});
   KernelArgs args;
-  args.buffer(matrix_view(a, 1));
-  args.buffer(matrix_view(b, 1));
+  args.input(matrix_view(a, 1));
+  args.input(matrix_view(b, 1));
   View cv;
   cv.bind(ce);
   cv.n = 3;
@@ -131,9 +131,9 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   cv.stride[1] = ce.strides()[0];
   cv.extent[2] = 1;
   cv.stride[2] = 0;
-  args.buffer(cv);
+  args.input(cv);
   args.attrs(op, {alpha, beta});
-  args.buffer(dense_view(out, {N, M, 1}));
+  args.output(dense_view(out, {N, M, 1}));
   launch(g, extents({N, M, K, 1}), std::move(args));
   return out;
 }

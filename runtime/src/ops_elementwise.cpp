@@ -19,11 +19,70 @@ const KernelGroup& resolve_group(const OpInfo& op, DType compute) {
   return op.group(std::string(dtype_name(compute)));
 }
 
-Tensor run_elementwise(const OpInfo& op, std::vector<Tensor> in, const AttrValues& attrs) {
+// PyTorch's rule for writing a result into a tensor of another dtype (out=, in-place): floats
+// may not go into integers, nor anything but bool into bool.
+bool can_cast(DType from, DType to) {
+  if (is_floating(from) && !is_floating(to)) return false;
+  if (from != DType::Bool && to == DType::Bool) return false;
+  return true;
+}
+
+// A tensor the kernel may write directly: the result's dtype, and no input overlaps it unless it is
+// the very same view (a pointwise kernel reads each element before it writes it).
+bool writes_directly(const Tensor& out, DType dtype, const std::vector<Tensor>& in, size_t skip) {
+  if (out.dtype() != dtype) return false;
+  for (size_t i = 0; i < in.size(); i++)
+    if (i != skip && may_overlap(in[i], out) && !same_view(in[i], out)) return false;
+  return true;
+}
+
+// Launches the kernel over `in` (already at the kernel's dtypes) writing `results` (or, for an
+// inout op, in[inout]), all of `shape`. Returns false, launching nothing, when a written tensor
+// cannot be the kernel's output as it is: its innermost collapsed dimension is not unit-strided
+// (the kernels store vectors) or it does not collapse onto six dims.
+bool launch_elementwise(const OpInfo& op, const KernelGroup& g, const std::vector<Tensor>& in,
+                        const AttrValues& attrs, const Shape& shape, size_t inout,
+                        const std::vector<Tensor>& results) {
+  std::vector<Tensor> expanded;
+  std::vector<const Shape*> strides;
+  for (auto& t : in) expanded.push_back(t.expand(shape));
+  for (auto& t : expanded) strides.push_back(&t.strides());
+  for (auto& r : results) strides.push_back(&r.strides());
+  std::vector<View> views(strides.size());
+  if (!collapse(shape, strides, views)) {
+    // More than six independent strides: materialise the inputs, which then collapse further.
+    for (size_t i = 0; i < expanded.size(); i++)
+      if (i != inout) expanded[i] = expanded[i].contiguous();
+    if (!collapse(shape, strides, views)) return false;
+  }
+  const size_t first_out = inout < in.size() ? inout : in.size();
+  if (views[first_out].stride[0] != 1) return false;
+  for (size_t k = 0; k < results.size(); k++)
+    if (views[in.size() + k].stride[0] != 1) return false;
+  KernelArgs args;
+  for (size_t i = 0; i < in.size(); i++) {
+    if (i == inout)
+      args.inout(views[i].bind(expanded[i]));
+    else
+      args.input(views[i].bind(expanded[i]));
+  }
+  args.attrs(op, attrs);
+  for (size_t k = 0; k < results.size(); k++) args.output(views[in.size() + k].bind(results[k]));
+  launch(g, extents_of(views[first_out]), std::move(args));
+  return true;
+}
+
+// Runs an elementwise op. `outs`: tensors to write the results into (out=), or empty to allocate
+// them. An op with an inout buffer writes its result into that input, which must already have the
+// broadcast shape. Returns the results (for an inout op, the written input).
+std::vector<Tensor> run_elementwise(const OpInfo& op, std::vector<Tensor> in,
+                                    const AttrValues& attrs, const std::vector<Tensor>& outs = {}) {
   OPFORGE_CHECK(op.family == "elementwise")
       << op.name << " is a " << op.family << " op, not elementwise";
   OPFORGE_CHECK(int(in.size()) == op.num_inputs)
       << op.name << ": expected " << op.num_inputs << " input(s), got " << in.size();
+  OPFORGE_CHECK(outs.empty() || int(outs.size()) == op.num_outputs)
+      << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs.size();
   bool any = false;
   DType compute = DType::Bool;
   for (size_t i = 0; i < in.size(); i++) {
@@ -33,33 +92,65 @@ Tensor run_elementwise(const OpInfo& op, std::vector<Tensor> in, const AttrValue
     any = true;
   }
   const KernelGroup& g = resolve_group(op, compute);
+  const size_t inout = op.inout < 0 ? in.size() : size_t(op.inout);
+  if (inout < in.size()) {
+    OPFORGE_CHECK(in[inout].dtype() == g.in_dtype)
+        << op.name << ": input " << inout << " is written in place, but it is "
+        << dtype_name(in[inout].dtype()) << " and the op computes in " << dtype_name(g.in_dtype)
+        << " here; convert it first";
+    check_writable(op.name.c_str(), in[inout]);
+  }
   for (size_t i = 0; i < in.size(); i++) {
     DType want = (op.flags >> i) & 1 ? DType::Bool : g.in_dtype;
     if (in[i].dtype() != want) in[i] = cast(in[i], want);
   }
   Shape shape = broadcast_shapes(op.name.c_str(), in);
-  Tensor out = Tensor::empty(shape, g.out_dtype);
-  if (out.numel() == 0) return place_like(out, in);
+  for (size_t k = 0; k < outs.size(); k++) {
+    const Tensor& o = outs[k];
+    OPFORGE_CHECK(o.defined()) << op.name << ": output " << k << " is undefined";
+    OPFORGE_CHECK(o.shape() == shape)
+        << op.name << ": output " << k << " has shape " << shape_str(o.shape())
+        << ", the result has shape " << shape_str(shape);
+    OPFORGE_CHECK(can_cast(g.out_dtype, o.dtype()))
+        << op.name << ": the result type " << dtype_name(g.out_dtype)
+        << " cannot be cast to output " << k << "'s dtype " << dtype_name(o.dtype());
+    check_writable(op.name.c_str(), o);
+    for (size_t j = 0; j < k; j++)
+      OPFORGE_CHECK(!may_overlap(o, outs[j]))
+          << op.name << ": outputs " << j << " and " << k << " share memory";
+  }
 
-  std::vector<Tensor> expanded;
-  std::vector<const Shape*> strides;
-  for (auto& t : in) expanded.push_back(t.expand(shape));
-  for (auto& t : expanded) strides.push_back(&t.strides());
-  strides.push_back(&out.strides());
-  std::vector<View> views(in.size() + 1);
-  if (!collapse(shape, strides, views)) {
-    // More than six independent strides: materialise the inputs, which then collapse to 1-D.
-    for (auto& t : expanded) t = t.contiguous();
-    collapse(shape, strides, views);
+  if (inout < in.size()) {
+    Tensor target = in[inout];
+    OPFORGE_CHECK(target.shape() == shape)
+        << op.name << ": input " << inout << " of shape " << shape_str(target.shape())
+        << " is written in place, but the inputs broadcast to " << shape_str(shape);
+    if (target.numel() == 0) return {target};
+    if (writes_directly(target, g.in_dtype, in, inout) &&
+        launch_elementwise(op, g, in, attrs, shape, inout, {}))
+      return {target};
+    // A view another input partly overlaps, or one the kernel cannot write as it is: computed
+    // on a dense copy, then written back.
+    in[inout] = target.is_contiguous() ? target.clone() : target.contiguous();
+    launch_elementwise(op, g, in, attrs, shape, inout, {});
+    copy_into(target, in[inout]);
+    return {target};
   }
-  KernelArgs args;
-  for (size_t i = 0; i < in.size(); i++) {
-    args.buffer(views[i].bind(expanded[i]));
+
+  bool direct = !outs.empty();
+  for (const Tensor& o : outs) direct = direct && writes_directly(o, g.out_dtype, in, in.size());
+  if (direct &&
+      (shape_numel(shape) == 0 || launch_elementwise(op, g, in, attrs, shape, inout, outs)))
+    return outs;
+  std::vector<Tensor> results;
+  for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor::empty(shape, g.out_dtype));
+  if (shape_numel(shape) == 0) {
+    for (auto& r : results) r = place_like(r, in);
+  } else {
+    launch_elementwise(op, g, in, attrs, shape, inout, results);
   }
-  args.attrs(op, attrs);
-  args.buffer(views.back().bind(out));
-  launch(g, extents_of(views.back()), std::move(args));
-  return out;
+  for (size_t k = 0; k < outs.size(); k++) copy_into(outs[k], results[k]);
+  return outs.empty() ? results : outs;
 }
 
 // A Python number next to a tensor takes the tensor's dtype unless it does not fit it.
@@ -73,63 +164,147 @@ Tensor scalar_for(const Tensor& t, double v) {
   return Tensor::scalar(v, d);
 }
 
+Tensor one_result(const OpInfo& op, std::vector<Tensor> results) {
+  OPFORGE_CHECK(results.size() == 1) << op.name << " has " << results.size()
+                                     << " results; call elementwise_results() to get them all";
+  return std::move(results[0]);
+}
+
 }  // namespace
 
 Tensor elementwise(const std::string& name, const std::vector<Tensor>& inputs,
                    const AttrValues& attrs) {
-  return run_elementwise(op_info(name), inputs, attrs);
+  const OpInfo& op = op_info(name);
+  return one_result(op, run_elementwise(op, inputs, attrs));
 }
 
-#define OPFORGE_DEFINE_UNARY(name)            \
-  Tensor name(const Tensor& x) {              \
-    static const OpInfo& op = op_info(#name); \
-    return run_elementwise(op, {x}, {});      \
+std::vector<Tensor> elementwise_results(const std::string& name, const std::vector<Tensor>& inputs,
+                                        const AttrValues& attrs, const std::vector<Tensor>& outs) {
+  return run_elementwise(op_info(name), inputs, attrs, outs);
+}
+
+#define OPFORGE_DEFINE_UNARY(name)                        \
+  Tensor name(const Tensor& x) {                          \
+    static const OpInfo& op = op_info(#name);             \
+    return run_elementwise(op, {x}, {})[0];               \
+  }                                                       \
+  Tensor name##_out(const Tensor& out, const Tensor& x) { \
+    static const OpInfo& op = op_info(#name);             \
+    return run_elementwise(op, {x}, {}, {out})[0];        \
   }
 OPFORGE_UNARY_OPS(OPFORGE_DEFINE_UNARY)
 #undef OPFORGE_DEFINE_UNARY
 
 Tensor leaky_relu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("leaky_relu");
-  return run_elementwise(op, {x}, {alpha});
+  return run_elementwise(op, {x}, {alpha})[0];
 }
 Tensor elu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("elu");
-  return run_elementwise(op, {x}, {alpha});
+  return run_elementwise(op, {x}, {alpha})[0];
 }
-Tensor clip(const Tensor& x, double lo, double hi) {
+Tensor clip_out(const Tensor& out, const Tensor& x, double lo, double hi) {
   static const OpInfo& op = op_info("clip");
   OPFORGE_CHECK(!(lo > hi)) << "clip: min " << lo << " is greater than max " << hi;
-  return run_elementwise(op, {x}, {lo, hi});
+  OPFORGE_CHECK(!std::isnan(lo) && !std::isnan(hi)) << "clip: a bound is NaN";
+  return run_elementwise(op, {x}, {lo, hi},
+                         out.defined() ? std::vector<Tensor>{out} : std::vector<Tensor>{})[0];
 }
+Tensor clip(const Tensor& x, double lo, double hi) { return clip_out({}, x, lo, hi); }
 
-#define OPFORGE_DEFINE_BINARY(name)               \
-  Tensor name(const Tensor& a, const Tensor& b) { \
-    static const OpInfo& op = op_info(#name);     \
-    return run_elementwise(op, {a, b}, {});       \
-  }                                               \
-  Tensor name(const Tensor& a, double b) { return name(a, scalar_for(a, b)); }
+#define OPFORGE_DEFINE_BINARY(name)                                            \
+  Tensor name(const Tensor& a, const Tensor& b) {                              \
+    static const OpInfo& op = op_info(#name);                                  \
+    return run_elementwise(op, {a, b}, {})[0];                                 \
+  }                                                                            \
+  Tensor name(const Tensor& a, double b) { return name(a, scalar_for(a, b)); } \
+  Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b) {     \
+    static const OpInfo& op = op_info(#name);                                  \
+    return run_elementwise(op, {a, b}, {}, {out})[0];                          \
+  }                                                                            \
+  Tensor name##_out(const Tensor& out, const Tensor& a, double b) {            \
+    return name##_out(out, a, scalar_for(a, b));                               \
+  }
 OPFORGE_BINARY_OPS(OPFORGE_DEFINE_BINARY)
 #undef OPFORGE_DEFINE_BINARY
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_and");
-  return run_elementwise(op, {a, b}, {});
+  return run_elementwise(op, {a, b}, {})[0];
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_or");
-  return run_elementwise(op, {a, b}, {});
+  return run_elementwise(op, {a, b}, {})[0];
 }
 Tensor logical_xor(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_xor");
-  return run_elementwise(op, {a, b}, {});
+  return run_elementwise(op, {a, b}, {})[0];
 }
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("where");
   OPFORGE_CHECK(cond.defined() && cond.dtype() == DType::Bool)
       << "where: the condition must be a bool tensor, got "
       << (cond.defined() ? std::string(dtype_name(cond.dtype())) : std::string("undefined"));
-  return run_elementwise(op, {cond, a, b}, {});
+  return run_elementwise(op, {cond, a, b}, {})[0];
 }
+
+std::pair<Tensor, Tensor> sincos(const Tensor& x) {
+  static const OpInfo& op = op_info("sincos");
+  auto r = run_elementwise(op, {x}, {});
+  return {r[0], r[1]};
+}
+
+Tensor axpy_(const Tensor& y, double alpha, const Tensor& x) {
+  static const OpInfo& op = op_info("axpy_");
+  return run_elementwise(op, {y, x}, {alpha})[0];
+}
+
+// ---- in-place methods (PyTorch's): the result goes into this tensor, in its dtype ----
+namespace {
+Tensor& in_place(Tensor& self, const char* name, const Tensor& other) {
+  OPFORGE_CHECK(self.defined()) << name << ": the tensor is undefined";
+  run_elementwise(op_info(name), {self, other}, {}, {self});
+  return self;
+}
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  if (alpha == 1) return in_place(*this, "add", other);
+  OPFORGE_CHECK(defined() && other.defined()) << "add_: a tensor is undefined";
+  // One in-place pass (axpy_) where the result stays floating; integers as PyTorch: other * alpha.
+  if (is_floating(dtype())) {
+    axpy_(*this, alpha, other.dtype() == dtype() ? other : cast(other, dtype()));
+    return *this;
+  }
+  return in_place(*this, "add", mul(other, alpha));
+}
+Tensor& Tensor::add_(double other) { return add_(scalar_for(*this, other)); }
+Tensor& Tensor::sub_(const Tensor& other, double alpha) {
+  if (alpha == 1) return in_place(*this, "sub", other);
+  return add_(other, -alpha);
+}
+Tensor& Tensor::sub_(double other) { return in_place(*this, "sub", scalar_for(*this, other)); }
+Tensor& Tensor::mul_(const Tensor& other) { return in_place(*this, "mul", other); }
+Tensor& Tensor::mul_(double other) { return in_place(*this, "mul", scalar_for(*this, other)); }
+Tensor& Tensor::div_(const Tensor& other) { return in_place(*this, "div", other); }
+Tensor& Tensor::div_(double other) { return in_place(*this, "div", scalar_for(*this, other)); }
+Tensor& Tensor::clamp_(double min, double max) {
+  OPFORGE_CHECK(defined()) << "clamp_: the tensor is undefined";
+  clip_out(*this, *this, min, max);
+  return *this;
+}
+Tensor& Tensor::copy_(const Tensor& src) {
+  copy_into(*this, src);
+  return *this;
+}
+Tensor& Tensor::fill_(double value) {
+  OPFORGE_CHECK(defined()) << "fill_: the tensor is undefined";
+  OPFORGE_CHECK(is_floating(dtype()) || std::isfinite(value))
+      << "fill_: " << value << " does not fit a " << dtype_name(dtype()) << " tensor";
+  copy_into(*this, Tensor::scalar(value, dtype()));
+  return *this;
+}
+Tensor& Tensor::zero_() { return fill_(0); }
 
 Tensor cast(const Tensor& x, DType dtype) {
   OPFORGE_CHECK(x.defined()) << "cast: input is undefined";

@@ -7,24 +7,6 @@
 namespace opforge {
 using namespace detail;
 
-namespace {
-// Byte ranges [first, last] spanned by two views of the same storage intersect.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  auto range = [](const Tensor& t, int64_t& lo, int64_t& hi) {
-    lo = hi = t.offset() * int64_t(t.element_size());
-    for (int d = 0; d < t.dim(); d++) {
-      int64_t span = (t.shape()[d] - 1) * t.strides()[d] * int64_t(t.element_size());
-      (span < 0 ? lo : hi) += span;
-    }
-    hi += int64_t(t.element_size()) - 1;
-  };
-  int64_t alo, ahi, blo, bhi;
-  range(a, alo, ahi);
-  range(b, blo, bhi);
-  return alo <= bhi && blo <= ahi;
-}
-}  // namespace
-
 void copy_into(const Tensor& dst, const Tensor& src_in) {
   static const OpInfo& op = op_info("copy");
   OPFORGE_CHECK(dst.defined() && src_in.defined()) << "copy_into: a tensor is undefined";
@@ -34,14 +16,9 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
                                   << " does not broadcast to the destination shape "
                                   << shape_str(dst.shape());
   if (dst.numel() == 0) return;
-  for (size_t d = 0; d < dst.shape().size(); d++)
-    OPFORGE_CHECK(dst.strides()[d] != 0 || dst.shape()[d] == 1)
-        << "copy_into: the destination " << shape_str(dst.shape()) << " has stride 0 in dimension "
-        << d
-        << " (an expanded view), so several elements share one address; write into a contiguous "
-           "tensor";
+  check_writable("copy_into", dst);
   // A source that overlaps the destination in memory is read completely before any write.
-  if (src.storage() == dst.storage() && overlaps(src, dst)) src = src.clone();
+  if (may_overlap(src, dst)) src = src.clone();
   run_strided(op.group(std::string(dtype_name(dst.dtype()))), src.expand(dst.shape()), dst);
 }
 
@@ -60,7 +37,7 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
           << "concat: tensor " << i << " has shape " << shape_str(xs[i].shape()) << ", expected "
           << shape_str(first.shape()) << " in every dimension but " << ax;
     d = promote(d, xs[i].dtype());
-    total += xs[i].shape()[ax];
+    total = checked_add("concat", "the concatenated size", total, xs[i].shape()[ax]);
   }
   Shape s = first.shape();
   s[ax] = total;
@@ -83,7 +60,8 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
     OPFORGE_CHECK(pads[d].first >= 0 && pads[d].second >= 0)
         << "pad: padding of dimension " << d << " is negative (" << pads[d].first << ", "
         << pads[d].second << ")";
-    s[d] += pads[d].first + pads[d].second;
+    s[d] = checked_add("pad", "the padded size",
+                       checked_add("pad", "the padded size", s[d], pads[d].first), pads[d].second);
   }
   Tensor out = Tensor::empty(s, x.dtype());
   copy_into(out, Tensor::scalar(value, x.dtype()));
@@ -120,9 +98,9 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   if (out.numel() == 0) return place_like(out, {x, index});
   const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
   KernelArgs args;
-  args.buffer(dense_view(x, {inner, n, outer}));
-  args.buffer(dense_view(idx, {idx.numel()}));
-  args.buffer(dense_view(out, {inner, idx.numel(), outer}));
+  args.input(dense_view(x, {inner, n, outer}));
+  args.input(dense_view(idx, {idx.numel()}));
+  args.output(dense_view(out, {inner, idx.numel(), outer}));
   launch(g, extents({inner, idx.numel(), outer}), std::move(args));
   return out;
 }

@@ -108,16 +108,16 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
     return place_like(Tensor::full(out_shape, v, g.out_dtype), {x});
   }
   KernelArgs args;
-  args.buffer(dense_view(x, {inner, reduced, outer}));
+  args.input(dense_view(x, {inner, reduced, outer}));
   for (size_t e = 0; e < extra.size(); e++) {
     OPFORGE_CHECK(extra[e].numel() == reduced)
         << name << ": extra input " << e << " has " << extra[e].numel() << " elements, expected "
         << reduced;
     Tensor t = extra[e].to(g.in_dtype).contiguous();
-    args.buffer(dense_view(t, {reduced}));
+    args.input(dense_view(t, {reduced}));
   }
   args.attrs(op, attrs);
-  args.buffer(normalize ? dense_view(out, {inner, reduced, outer})
+  args.output(normalize ? dense_view(out, {inner, reduced, outer})
                         : dense_view(out, {inner, outer}));
   launch(g, extents({inner, reduced, outer}), std::move(args));
   return out;

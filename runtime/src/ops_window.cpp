@@ -8,9 +8,11 @@ using namespace detail;
 
 int64_t out_size(const char* op, int64_t in, int64_t k, int64_t s, int64_t p, int64_t d,
                  const char* which) {
-  int64_t span = d * (k - 1) + 1;
-  int64_t o = (in + 2 * p - span) / s + 1;
-  OPFORGE_CHECK(in + 2 * p >= span && o >= 1)
+  int64_t span = checked_add(op, "the dilated kernel extent",
+                             checked_mul(op, "the dilated kernel extent", d, k - 1), 1);
+  int64_t padded = checked_add(op, "the padded input", in, checked_mul(op, "the padding", 2, p));
+  int64_t o = (padded - span) / s + 1;
+  OPFORGE_CHECK(padded >= span && o >= 1)
       << op << ": the output " << which << " would be empty: input " << which << " " << in
       << " with padding " << p << " is smaller than the kernel extent " << span;
   return o;
@@ -45,12 +47,12 @@ Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool a
   Tensor out = Tensor::empty({N, C, OH, OW}, g.out_dtype);
   if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
-  args.buffer(view_of(x));
+  args.input(view_of(x));
   AttrValues attrs = {double(o.kernel[0]), double(o.kernel[1]),  double(stride[0]),
                       double(stride[1]),   double(o.padding[0]), double(o.padding[1])};
   if (avg) attrs.push_back(o.count_include_pad ? 1 : 0);
   args.attrs(op, attrs);
-  args.buffer(view_of(out));
+  args.output(view_of(out));
   launch(g, extents({OW, OH, C, N}), std::move(args));
   return out;
 }
@@ -90,13 +92,13 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
   Tensor out = Tensor::empty({N, OC, OH, OW}, g.out_dtype);
   if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
-  args.buffer(view_of(x));
-  args.buffer(view_of(w));
-  args.buffer(view_of(bias));
+  args.input(view_of(x));
+  args.input(view_of(w));
+  args.input(view_of(bias));
   args.attrs(op,
              {double(o.stride[0]), double(o.stride[1]), double(o.padding[0]), double(o.padding[1]),
               double(o.dilation[0]), double(o.dilation[1]), double(o.groups)});
-  args.buffer(view_of(out));
+  args.output(view_of(out));
   launch(g, extents({OW, OH, OC, N}), std::move(args));
   return out;
 }

@@ -78,12 +78,22 @@ void register_kernels(const KernelVariant* variants, size_t count) {
     int rank = target_rank(k.target);
     if (kind == DeviceKind::cpu && (rank == 0 || rank > cpu_rank())) continue;
     OpInfo& op = r.ops[k.op];
+    OPFORGE_CHECK(k.buffers && k.num_buffers > 0 && k.num_buffers <= kMaxKernelBuffers)
+        << k.op << " (" << k.dtype_key << ", variant " << k.variant << "): " << k.num_buffers
+        << " buffers; a kernel has 1 to " << kMaxKernelBuffers;
     if (op.name.empty()) {
       op.name = k.op;
       op.family = k.family;
-      op.num_inputs = k.num_inputs;
       op.flags = k.flags;
       op.attrs = parse_attr_spec(k.attrs);
+      for (int b = 0; b < k.num_buffers; b++) {
+        BufferRole role = k.buffers[b].role;
+        if (role == BufferRole::inout) op.inout = op.num_inputs;
+        if (reads(role))
+          op.num_inputs++;
+        else
+          op.num_outputs++;
+      }
     }
     KernelGroup& g = op.groups[k.dtype_key];
     if (!g.op) {
@@ -94,7 +104,17 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       // The dispatcher's bucket key holds the group in 16 bits.
       OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       g.id = r.next_group++;
+      g.buffers.assign(k.buffers, k.buffers + k.num_buffers);
     }
+    // Every variant of a group shares the group's buffer contract; one that differs is a build
+    // fault, refused here rather than called with the wrong arguments.
+    bool same = int(g.buffers.size()) == k.num_buffers;
+    for (int b = 0; same && b < k.num_buffers; b++)
+      same = g.buffers[size_t(b)].role == k.buffers[b].role &&
+             g.buffers[size_t(b)].dtype == k.buffers[b].dtype &&
+             g.buffers[size_t(b)].dims == k.buffers[b].dims;
+    OPFORGE_CHECK(same) << k.op << " (" << k.dtype_key << "): variant " << k.variant
+                        << " declares other buffers than the group's first variant";
     auto it = std::find_if(g.variants.begin(), g.variants.end(), [&](const VariantInfo& v) {
       return v.name == k.variant && v.kind == kind;
     });

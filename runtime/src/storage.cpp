@@ -254,11 +254,11 @@ size_t Storage::stale_bytes(const detail::DeviceMemory* mem) const {
   return bytes;
 }
 
-void Storage::dependencies(std::vector<detail::Dependency>& deps, bool write) const {
+void Storage::dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const {
   if (!tracked_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mu_);
   // A reader inherits the writer's failure even when that is done; an overwrite only waits.
-  if (writer_ && (!write || !writer_->done())) deps.push_back({writer_, !write});
+  if (writer_ && (read || !writer_->done())) deps.push_back({writer_, read});
   if (write)
     for (const auto& r : readers_)
       if (!r->done()) deps.push_back({r, false});

@@ -60,9 +60,9 @@ struct Storage {
   size_t stale_bytes(const detail::DeviceMemory* mem) const;
 
   // ---- ordering of asynchronous work (device_queue.hpp) ----
-  // Adds to `deps` the events a call must wait for before it reads (or writes) this memory: the
+  // Adds to `deps` the events a call must wait for before it reads and/or writes this memory: the
   // last writer (whose failure a read inherits), and for a write also the readers since.
-  void dependencies(std::vector<detail::Dependency>& deps, bool write) const;
+  void dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const;
   // Records a submitted call's event as the last writer or as one more reader.
   void record(const detail::EventPtr& ev, bool write);
   // A call on the caller's thread has overwritten this memory: earlier events no longer matter.

@@ -24,7 +24,9 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  bool overflow = false;
+  for (auto d : s) overflow |= __builtin_mul_overflow(n, d, &n);
+  OPFORGE_CHECK(!overflow) << "shape " << shape_str(s) << " has more than 2^63 elements";
   return n;
 }
 
@@ -166,8 +168,15 @@ Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1, dty
 Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
 
 Tensor Tensor::arange(double start, double stop, double step, DType dtype) {
+  OPFORGE_CHECK(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step))
+      << "arange: start, stop and step must be finite numbers, got " << start << ", " << stop
+      << ", " << step;
   OPFORGE_CHECK(step != 0) << "arange: step must be non-zero";
-  int64_t n = std::max<int64_t>(0, int64_t(std::ceil((stop - start) / step)));
+  double count = std::ceil((stop - start) / step);
+  OPFORGE_CHECK(std::isfinite(count) && count < 0x1p58)
+      << "arange: [" << start << ", " << stop << ") in steps of " << step << " has " << count
+      << " elements, more than any memory can hold";
+  int64_t n = std::max<int64_t>(0, int64_t(count));
   Tensor t = empty({n}, dtype);
   for_each_value(dtype, t.data(), n, [&](int64_t i) { return start + double(i) * step; });
   return t;
@@ -386,13 +395,15 @@ Tensor Tensor::slice(int d, int64_t start, int64_t stop, int64_t step) const {
   d = wrap_dim(d, dim(), "slice");
   OPFORGE_CHECK(step > 0) << "slice: step must be positive, got " << step;
   int64_t n = shape_[d];
-  auto clampi = [n](int64_t i) { return std::clamp<int64_t>(i < 0 ? i + n : i, 0, n); };
+  // Python's clamping; written so that no index near the int64 limits overflows.
+  auto clampi = [n](int64_t i) { return i < 0 ? (i < -n ? 0 : i + n) : std::min(i, n); };
   start = clampi(start);
   stop = clampi(stop);
-  int64_t len = stop > start ? (stop - start + step - 1) / step : 0;
+  int64_t len = stop > start ? (stop - start - 1) / step + 1 : 0;
   Shape s = shape_, st = strides_;
   s[d] = len;
-  st[d] = strides_[d] * step;
+  st[d] =
+      len > 1 ? detail::checked_mul("slice", "the step's stride", strides_[d], step) : strides_[d];
   return Tensor(storage_, dtype_, s, st, offset_ + start * strides_[d]);
 }
 

@@ -131,6 +131,24 @@ std::vector<VariantRow> op_variants(const OpInfo& op) {
   return rows;
 }
 
+// An op's buffers with their roles, from its first dtype group (the roles and ranks are the same
+// in every group; the dtypes are the group's).
+const std::vector<BufferSpec>& op_buffers(const OpInfo& op) {
+  return op.groups.begin()->second.buffers;
+}
+
+// "a,b -> out"; a buffer written in place is marked "(inout)".
+std::string buffers_text(const OpInfo& op) {
+  std::vector<std::string> reads, writes;
+  for (const BufferSpec& b : op_buffers(op)) {
+    if (b.role == BufferRole::output)
+      writes.push_back(b.name);
+    else
+      reads.push_back(std::string(b.name) + (b.role == BufferRole::inout ? "(inout)" : ""));
+  }
+  return join(reads, ",") + (writes.empty() ? "" : " -> " + join(writes, ","));
+}
+
 std::vector<const OpInfo*> sorted_ops() {
   std::vector<const OpInfo*> ops = all_ops();
   std::sort(ops.begin(), ops.end(),
@@ -157,9 +175,17 @@ Json info_json() {
                           {"target", v.target},
                           {"min_extents", v.min_extents}});
     }
+    Json buffers = Json::array();
+    for (const BufferSpec& b : op_buffers(*op))
+      buffers.push_back({{"name", b.name}, {"role", role_name(b.role)}, {"rank", b.dims}});
+    Json attrs = Json::array();
+    for (const AttrInfo& a : op->attrs)
+      attrs.push_back({{"name", a.name}, {"type", a.integer ? "int32" : "float64"}});
     ops.push_back({{"name", op->name},
                    {"family", op->family},
                    {"dtypes", op->dtype_keys()},
+                   {"buffers", std::move(buffers)},
+                   {"attributes", std::move(attrs)},
                    {"variants", std::move(variants)}});
   }
   Json out = Json::object();
@@ -180,7 +206,7 @@ void print_info_text(std::ostream& os) {
 
   // A variant's target is shown only where it falls below the device's, which is the exception.
   const std::string device_target = devs.front().target;
-  Table op_table({"op", "family", "dtypes", "variants"});
+  Table op_table({"op", "family", "buffers", "dtypes", "variants"});
   size_t kernels = 0;
   const std::vector<const OpInfo*> ops = sorted_ops();
   for (const OpInfo* op : ops) {
@@ -201,7 +227,7 @@ void print_info_text(std::ostream& os) {
     std::vector<std::string> keys = op->dtype_keys();
     std::string dtypes =
         keys.size() > 6 ? std::to_string(keys.size()) + " dtype pairs (--json)" : join(keys, ",");
-    op_table.add({op->name, op->family, dtypes, join(cells, ", ")});
+    op_table.add({op->name, op->family, buffers_text(*op), dtypes, join(cells, ", ")});
   }
   op_table.print(os);
   os << '\n' << ops.size() << " ops, " << kernels << " kernels\n";

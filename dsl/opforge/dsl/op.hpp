@@ -102,6 +102,8 @@ struct EwArgs {
   Expr operator[](size_t i) const { return in.at(i); }
 };
 
+// fn returns one Expr, or a std::vector<Expr> with one Expr per output (every output has the
+// op's output dtype).
 template <class Dtypes, class Fn>
 struct ElementwiseOp {
   static constexpr Family family = Family::elementwise;
@@ -112,6 +114,8 @@ struct ElementwiseOp {
   OutRule out;
   Fn fn;
   int bool_inputs_mask = 0;  // inputs that are always bool (the condition of `where`)
+  int outputs = 1;           // how many results fn returns
+  int inout = -1;            // >= 0: the input the (one) result is written into, in place
 };
 
 template <class Dtypes, class Fn>
@@ -125,6 +129,17 @@ constexpr auto unary_attr(const char* name, Dtypes d, const char* attrs, Fn fn) 
 template <class Dtypes, class Fn>
 constexpr auto binary(const char* name, Dtypes d, Fn fn, OutRule out = same) {
   return ElementwiseOp<Dtypes, Fn>{name, 2, d, "", out, fn};
+}
+// An op with several results, each a buffer of its own: sincos -> (sin, cos).
+template <class Dtypes, class Fn>
+constexpr auto multi_output(const char* name, int arity, int outputs, Dtypes d, Fn fn) {
+  return ElementwiseOp<Dtypes, Fn>{name, arity, d, "", same, fn, 0, outputs};
+}
+// An op that writes its result into input `inout` (an inout buffer): axpy_: y += alpha * x.
+template <class Dtypes, class Fn>
+constexpr auto in_place(const char* name, int arity, int inout, Dtypes d, const char* attrs,
+                        Fn fn) {
+  return ElementwiseOp<Dtypes, Fn>{name, arity, d, attrs, same, fn, 0, 1, inout};
 }
 template <class Dtypes, class Fn>
 constexpr auto compare(const char* name, Dtypes d, Fn fn) {

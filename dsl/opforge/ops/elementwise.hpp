@@ -190,6 +190,14 @@ inline const auto elementwise_ops = hana::make_tuple(
     ElementwiseOp{"where", 3, all_types, "", same,
                   [](const EwArgs& a) { return select(detail::truthy(a[0]), a[1], a[2]); },
                   /*bool_inputs_mask=*/1},
-    CastOp{"cast", all_types});
+    CastOp{"cast", all_types},
+    // Several outputs and in-place buffers, as backward passes and optimiser steps need them.
+    multi_output("sincos", 1, 2, floats,
+                 [](const EwArgs& a) {
+                   return std::vector<Expr>{detail::special(a[0], Halide::sin(a[0]), NAN, NAN),
+                                            detail::special(a[0], Halide::cos(a[0]), NAN, NAN)};
+                 }),
+    in_place("axpy_", 2, 0, floats, "alpha",
+             [](const EwArgs& a) { return a[0] + a.attr["alpha"] * a[1]; }));
 
 }  // namespace opforge::ops

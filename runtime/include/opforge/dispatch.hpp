@@ -54,8 +54,9 @@ struct DispatchStat {
 };
 std::vector<DispatchStat> dispatch_stats();
 
-// Waits until every device queue is empty and returns the first error a queued call raised since
-// the last synchronize(), as an Error. Reading a tensor waits only for the calls it depends on.
+// Waits until every device queue is empty, then raises, as an Error, the first error of a queued
+// call this thread made since its last synchronize() (another thread's failures are its own).
+// Reading a tensor waits only for the calls it depends on and raises their errors.
 void synchronize();
 
 // Runs one kernel of the group on the calling thread: chooses the variant for these extents on the

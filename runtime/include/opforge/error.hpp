@@ -1,6 +1,7 @@
 // The one exception type of the library. Messages say what was wrong and what was expected:
 // "add: cannot broadcast shapes [2, 3] and [4]".
 #pragma once
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -43,3 +44,19 @@ class ErrorBuilder {
   if (cond) {               \
   } else                    \
     ::opforge::detail::ErrorBuilder()
+
+namespace opforge::detail {
+// Shape arithmetic that refuses to overflow int64: `op` and `what` name the call and the quantity.
+inline int64_t checked_add(const char* op, const char* what, int64_t a, int64_t b) {
+  int64_t r;
+  OPFORGE_CHECK(!__builtin_add_overflow(a, b, &r))
+      << op << ": " << what << " overflows int64 (" << a << " + " << b << ")";
+  return r;
+}
+inline int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b) {
+  int64_t r;
+  OPFORGE_CHECK(!__builtin_mul_overflow(a, b, &r))
+      << op << ": " << what << " overflows int64 (" << a << " * " << b << ")";
+  return r;
+}
+}  // namespace opforge::detail

@@ -1,6 +1,17 @@
-// What the build-time kernel compiler emits for each generated kernel, and how those entries
-// reach the runtime's registry. Generated registry sources include this header; nobody writes
-// KernelVariant tables by hand.
+// The contract between the DSL, the build-time kernel compiler and the runtime: what the compiler
+// emits for each generated kernel (its buffers and their roles, its scalar parameters, its variant
+// and entry point, the call extents it accepts) and how those entries reach the runtime's
+// registry. Generated registry sources include this header; nobody writes KernelVariant tables by
+// hand.
+//
+// A kernel's argv entry point takes, in this order: its Halide user context; the buffers it reads
+// (role input or inout) in declared order; its scalar parameters (the attribute spec's order,
+// float64 or int32); the buffers it writes (role output or inout) in declared order. An inout
+// buffer is one halide_buffer_t passed twice: read and written in place.
+//
+// Elementwise kernels read each element of an input before they write that element of an output
+// and write each output element once (no ShiftInwards tails: schedules/alias_safe.hpp), so an
+// output may be the very same view as an input; any other overlap the runtime resolves first.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -39,12 +50,33 @@ inline std::vector<AttrInfo> parse_attr_spec(const char* spec) {
   return out;
 }
 
+// How a kernel uses a buffer.
+enum class BufferRole : uint8_t { input, output, inout };
+
+inline constexpr const char* role_name(BufferRole r) {
+  return r == BufferRole::input ? "input" : r == BufferRole::output ? "output" : "inout";
+}
+inline constexpr bool reads(BufferRole r) { return r != BufferRole::output; }
+inline constexpr bool writes(BufferRole r) { return r != BufferRole::input; }
+
+// One buffer of a kernel, in declared order.
+struct BufferSpec {
+  const char* name;
+  BufferRole role;
+  DType dtype;
+  int dims;  // the rank of the kernel's canonical view
+};
+
+// At most this many buffers per kernel (the runtime's argument packing holds them inline).
+inline constexpr int kMaxKernelBuffers = 8;
+
 struct KernelVariant {
   const char* op;
   const char* family;     // elementwise, reduction, contraction, window, movement
   const char* dtype_key;  // "float32", or "float32_to_int64" for cast
   DType in_dtype, out_dtype;
-  int num_inputs;
+  const BufferSpec* buffers;  // in declared order
+  int num_buffers;
   const char* attrs;  // attribute spec, "alpha" or "stride_h:i,stride_w:i"
   int flags;          // family-specific kind (reduce/normalize, conv/pool, copy/gather)
   const char* variant;

@@ -5,6 +5,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "opforge/tensor.hpp"
@@ -21,30 +22,47 @@ Tensor elementwise(const std::string& op, const std::vector<Tensor>& inputs,
 Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, bool keepdims,
                  const AttrValues& attrs = {}, const std::vector<Tensor>& extra = {});
 
+// Every result of an op by name (an op may have several outputs); `outs`, when given, are the
+// tensors to write them into, as the _out functions below do.
+std::vector<Tensor> elementwise_results(const std::string& op, const std::vector<Tensor>& inputs,
+                                        const AttrValues& attrs = {},
+                                        const std::vector<Tensor>& outs = {});
+
 // ---- elementwise ----
+// Each op also has name_out(out, inputs...) (PyTorch's out=): the result is written into `out`,
+// which must have the result's shape and a dtype the result may be cast to (PyTorch's rule: no
+// floating result into an integer tensor, nothing but bool into a bool one), and `out` is
+// returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
+// the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                               \
-  X(neg)                                                                                   \
-  X(abs)                                                                                   \
-  X(exp)                                                                                   \
-  X(log)                                                                                   \
-  X(log1p)                                                                                 \
-  X(expm1) X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) \
-      X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
-#define OPFORGE_DECLARE_UNARY(name) Tensor name(const Tensor& x);
+#define OPFORGE_UNARY_OPS(X)                                                                  \
+  X(neg)                                                                                      \
+  X(abs)                                                                                      \
+  X(exp)                                                                                      \
+  X(log)                                                                                      \
+  X(log1p)                                                                                    \
+  X(expm1)                                                                                    \
+  X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) \
+      X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
+#define OPFORGE_DECLARE_UNARY(name) \
+  Tensor name(const Tensor& x);     \
+  Tensor name##_out(const Tensor& out, const Tensor& x);
 OPFORGE_UNARY_OPS(OPFORGE_DECLARE_UNARY)
 #undef OPFORGE_DECLARE_UNARY
 Tensor leaky_relu(const Tensor& x, double alpha = 0.01);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor clip(const Tensor& x, double min, double max);
+Tensor clip_out(const Tensor& out, const Tensor& x, double min, double max);
 
 // Two-input ops; each also takes a Python-style number as its second operand.
 #define OPFORGE_BINARY_OPS(X) \
   X(add)                      \
   X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum) X(mod) X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
-#define OPFORGE_DECLARE_BINARY(name)             \
-  Tensor name(const Tensor& a, const Tensor& b); \
-  Tensor name(const Tensor& a, double b);
+#define OPFORGE_DECLARE_BINARY(name)                                      \
+  Tensor name(const Tensor& a, const Tensor& b);                          \
+  Tensor name(const Tensor& a, double b);                                 \
+  Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b); \
+  Tensor name##_out(const Tensor& out, const Tensor& a, double b);
 OPFORGE_BINARY_OPS(OPFORGE_DECLARE_BINARY)
 #undef OPFORGE_DECLARE_BINARY
 Tensor logical_and(const Tensor& a, const Tensor& b);
@@ -52,6 +70,11 @@ Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_xor(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor cast(const Tensor& x, DType dtype);
+// sin and cos of x in one pass (one kernel with two outputs).
+std::pair<Tensor, Tensor> sincos(const Tensor& x);
+// y += alpha * x in place (BLAS axpy, one kernel with an inout buffer); x broadcasts to y's shape
+// and must have y's dtype (float32 or float64). Returns y.
+Tensor axpy_(const Tensor& y, double alpha, const Tensor& x);
 
 // ---- reductions (axes empty = all) ----
 Tensor sum(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);

@@ -27,14 +27,17 @@ struct KernelGroup {
   std::string dtype_key;
   DType in_dtype, out_dtype;
   std::vector<VariantInfo> variants;
-  uint32_t id = 0;  // dense index, for the performance model's keys
+  std::vector<BufferSpec> buffers;  // the kernels' buffers in declared order (kernel_abi.hpp)
+  uint32_t id = 0;                  // dense index, for the performance model's keys
   // Bit i set: variant i runs on that device kind (indexed by DeviceKind).
   uint32_t kind_mask[3] = {0, 0, 0};
 };
 
 struct OpInfo {
   std::string name, family;
-  int num_inputs = 0;
+  int num_inputs = 0;   // buffers the kernels read: role input or inout
+  int num_outputs = 0;  // buffers they only write: role output
+  int inout = -1;       // the input that is written in place, -1 if none
   int flags = 0;
   std::vector<AttrInfo> attrs;
   std::map<std::string, KernelGroup> groups;  // by dtype key

@@ -13,6 +13,7 @@
 #include "opforge/device.hpp"
 #include "opforge/dtype.hpp"
 #include "opforge/error.hpp"
+#include "opforge/small_vector.hpp"
 
 namespace opforge {
 
@@ -130,6 +131,22 @@ class Tensor {
   // Elements as double in row-major order, whatever the dtype (for tests and printing).
   std::vector<double> to_double_vector() const;
   std::string str() const;
+
+  // ---- in place (PyTorch's methods): the result is written into this tensor, in its dtype ----
+  // `other` broadcasts to this tensor's shape; a result this dtype cannot hold (a float into an
+  // integer tensor) is refused, and so is an expanded (stride-0) tensor.
+  Tensor& add_(const Tensor& other, double alpha = 1);  // this += alpha * other
+  Tensor& add_(double other);
+  Tensor& sub_(const Tensor& other, double alpha = 1);
+  Tensor& sub_(double other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(double other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(double other);
+  Tensor& clamp_(double min, double max);
+  Tensor& copy_(const Tensor& src);  // src broadcast and converted to this tensor's dtype
+  Tensor& fill_(double value);
+  Tensor& zero_();
 
   // ---- internal: the runtime builds tensors from parts ----
   Tensor(std::shared_ptr<Storage> s, DType d, Shape shape, Shape strides, int64_t offset);
