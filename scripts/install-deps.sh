@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache pkg-config make
   libhalide14-0-dev llvm-14-dev libboost-dev librange-v3-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev libtorch-dev
   pocl-opencl-icd ocl-icd-opencl-dev
 )
 missing=()

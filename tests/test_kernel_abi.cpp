@@ -110,6 +110,7 @@ TEST(KernelAbi, BuffersOf2To31ElementsAreRefused) {
   v.bind(one);
   v.n = 2;
   v.extent[0] = v.extent[1] = int64_t(1) << 16;  // a stride-0 view: no memory behind it
+  v.stride[0] = v.stride[1] = 0;
   KernelArgs args;
   std::string m = ref::error_message([&] { args.input(v); });
   EXPECT_NE(m.find("exceeds the 2^31-element limit of generated kernels"), std::string::npos) << m;

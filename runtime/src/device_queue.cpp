@@ -57,9 +57,13 @@ DeviceQueue::~DeviceQueue() {
   thread_.join();
 }
 
-void DeviceQueue::submit(std::function<void()> task) {
+void DeviceQueue::wait_for_space() {
   std::unique_lock<std::mutex> lock(mu_);
   space_.wait(lock, [&] { return tasks_.size() < capacity_; });
+}
+
+void DeviceQueue::submit(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mu_);
   tasks_.push_back(std::move(task));
   ready_.notify_one();
 }

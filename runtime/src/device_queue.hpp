@@ -45,10 +45,13 @@ struct Dependency {
 
 class DeviceQueue {
  public:
-  // The worker is pinned to `cores` (all cores when empty). At most `capacity` calls wait in the
-  // queue; submit() blocks beyond that, so a producer cannot run arbitrarily far ahead.
+  // The worker is pinned to `cores` (all cores when empty). About `capacity` calls wait in the
+  // queue (wait_for_space() holds producers back there), so a producer cannot run far ahead.
   DeviceQueue(int id, std::vector<int> cores, size_t capacity = 64);
   ~DeviceQueue();
+  // Blocks while the queue is full. Call it before taking any lock other callers need: submit()
+  // itself never blocks, so a caller waiting here holds up no one else.
+  void wait_for_space();
   void submit(std::function<void()> task);
   void drain();  // returns when every submitted call has run
   int id() const { return id_; }

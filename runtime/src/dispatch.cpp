@@ -12,9 +12,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "cpu_devices.hpp"
@@ -113,6 +115,46 @@ struct CallStats {
   double seconds = 0;
 };
 
+// How often each (group, variant, device) ran, counted by each dispatching thread in its own table
+// (no lock another thread's calls take; dispatch_stats() sums them). Tables outlive their threads.
+// Only the owner inserts, under `mu`; counters are atomics, so its calls count through a pointer
+// without the lock; a reset zeroes them and never frees an entry.
+struct AtomicCallStats {
+  std::atomic<int64_t> calls{0}, timed{0};
+  std::atomic<double> seconds{0};
+};
+struct ThreadStats {
+  std::mutex mu;                                        // held to insert and by readers
+  std::unordered_map<uint64_t, AtomicCallStats> calls;  // by stats_key
+  uint64_t last_key = ~uint64_t(0);
+  AtomicCallStats* last = nullptr;
+  AtomicCallStats& at(uint64_t key) {
+    if (key == last_key) return *last;
+    std::lock_guard<std::mutex> lock(mu);
+    last_key = key;
+    last = &calls[key];
+    return *last;
+  }
+};
+struct AllThreadStats {
+  std::mutex mu;
+  std::vector<std::shared_ptr<ThreadStats>> threads;
+};
+AllThreadStats& all_thread_stats() {
+  static auto* a = new AllThreadStats;  // never destroyed: threads may count until exit
+  return *a;
+}
+ThreadStats& thread_stats() {
+  thread_local const std::shared_ptr<ThreadStats> mine = [] {
+    auto t = std::make_shared<ThreadStats>();
+    AllThreadStats& all = all_thread_stats();
+    std::lock_guard<std::mutex> lock(all.mu);
+    all.threads.push_back(t);
+    return t;
+  }();
+  return *mine;
+}
+
 // OPFORGE_LOG is a comma-separated list of what to log ("dispatch").
 bool log_enabled(std::string_view what) {
   const char* v = std::getenv("OPFORGE_LOG");
@@ -141,10 +183,7 @@ bool auto_cpu_opencl() {
 
 struct State {
   Scheduler sched;
-  std::mutex mu;                                  // guards what follows
-  std::unordered_map<uint64_t, CallStats> calls;  // by (group, variant, device)
-  std::vector<const KernelGroup*> groups_seen;
-  std::vector<bool> group_seen;  // by group id
+  std::mutex mu;  // guards what follows
   Clock clock;
   std::string forced;
   std::atomic<bool> any_forced{false}, any_clock{false};  // lets calls skip the lock
@@ -201,7 +240,19 @@ struct State {
     }
     // Queued calls hold tensors and kernels: let them finish before the process tears down.
     std::atexit([] { synchronize_quietly(); });
+    // Load is sampled here, at a fixed rate, never by a caller: a call reads the last sample.
+    std::vector<detail::LoadMeter*> meters;
+    for (auto& d : devices)
+      if (d->meter) meters.push_back(d->meter.get());
+    if (!meters.empty())
+      std::thread([meters] {
+        for (;;) {
+          for (detail::LoadMeter* m : meters) m->sample();
+          std::this_thread::sleep_for(std::chrono::milliseconds(kLoadSampleMs));
+        }
+      }).detach();
   }
+  static constexpr int kLoadSampleMs = 50;
   static void synchronize_quietly();
 };
 
@@ -413,7 +464,7 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     if (!mine) continue;
     // Load matters where there is a choice of device. Injected time (tests) has nothing to do
     // with this machine's load.
-    if (devs.size() > 1) s.sched.set_load(d, clock || !dev.meter ? 1.0 : dev.meter->sample());
+    if (devs.size() > 1) s.sched.set_load(d, clock || !dev.meter ? 1.0 : dev.meter->last());
     cands.push_back({d, mine});
   }
   if (cands.empty()) {
@@ -442,13 +493,9 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   Decision d = s.sched.decide(bucket_key(g, ext, accepted), cands, transfer_times(s, args, cands),
                               now, s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (g.id >= s.group_seen.size()) s.group_seen.resize(g.id + 1);
-  if (!s.group_seen[g.id]) {
-    s.group_seen[g.id] = true;
-    s.groups_seen.push_back(&g);
-  }
-  s.calls[stats_key(g, d.variant, d.device)].calls++;
+  thread_stats()
+      .at(stats_key(g, d.variant, d.device))
+      .calls.fetch_add(1, std::memory_order_relaxed);
   return d;
 }
 
@@ -588,10 +635,9 @@ void record_time(State& s, const KernelGroup& g, const Decision& d, double secon
   s.sched.finished(d, seconds, enqueued);
   if (!std::isfinite(seconds)) return;
   if (!d.timed) return;
-  std::lock_guard<std::mutex> lock(s.mu);
-  CallStats& c = s.calls[stats_key(g, d.variant, d.device)];
-  c.timed++;
-  c.seconds += seconds;
+  AtomicCallStats& c = thread_stats().at(stats_key(g, d.variant, d.device));
+  c.timed.fetch_add(1, std::memory_order_relaxed);
+  c.seconds.fetch_add(seconds, std::memory_order_relaxed);
 }
 
 // A kernel can fail on one device or in one schedule (a driver that cannot build it, a launch the
@@ -674,8 +720,16 @@ void set_dispatch_policy(const DispatchPolicy& p) { state().sched.set_policy(p);
 void reset_performance_model() {
   State& s = state();
   s.sched.reset();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.calls.clear();
+  AllThreadStats& all = all_thread_stats();
+  std::lock_guard<std::mutex> lock(all.mu);
+  for (const auto& t : all.threads) {
+    std::lock_guard<std::mutex> tl(t->mu);
+    for (auto& [key, c] : t->calls) {
+      c.calls = 0;
+      c.timed = 0;
+      c.seconds = 0;
+    }
+  }
 }
 
 void set_device_policy(DevicePolicy p) { state().device_policy = p; }
@@ -684,17 +738,29 @@ DevicePolicy device_policy() { return state().device_policy; }
 
 std::vector<DispatchStat> dispatch_stats() {
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  std::vector<DispatchStat> out;
-  for (const KernelGroup* g : s.groups_seen)
-    for (size_t v = 0; v < g->variants.size(); v++)
-      for (size_t d = 0; d < s.devices.size(); d++) {
-        auto it = s.calls.find(stats_key(*g, int(v), int(d)));
-        if (it == s.calls.end() || it->second.calls == 0) continue;
-        const CallStats& c = it->second;
-        out.push_back({g->op->name, g->dtype_key, g->variants[v].name, s.devices[d]->device,
-                       c.calls, c.timed ? c.seconds / double(c.timed) : 0});
+  std::map<uint64_t, CallStats> sum;  // ordered: by group, variant, device
+  {
+    AllThreadStats& all = all_thread_stats();
+    std::lock_guard<std::mutex> lock(all.mu);
+    for (const auto& t : all.threads) {
+      std::lock_guard<std::mutex> tl(t->mu);
+      for (const auto& [key, c] : t->calls) {
+        CallStats& total = sum[key];
+        total.calls += c.calls.load(std::memory_order_relaxed);
+        total.timed += c.timed.load(std::memory_order_relaxed);
+        total.seconds += c.seconds.load(std::memory_order_relaxed);
       }
+    }
+  }
+  std::vector<DispatchStat> out;
+  for (const auto& [key, c] : sum) {
+    if (c.calls == 0) continue;
+    const KernelGroup* g = kernel_group(uint32_t(key >> 24));
+    size_t v = (key >> 8) & 0xFFFF, d = key & 0xFF;
+    if (!g || v >= g->variants.size() || d >= s.devices.size()) continue;
+    out.push_back({g->op->name, g->dtype_key, g->variants[v].name, s.devices[d]->device, c.calls,
+                   c.timed ? c.seconds / double(c.timed) : 0});
+  }
   return out;
 }
 
@@ -709,7 +775,7 @@ std::vector<DeviceStats> device_stats() {
     st.kernel_calls = d.calls.load();
     st.queue_length = s.sched.queue_length(int(i));
     st.queued_seconds = s.sched.ready_in(int(i), now);
-    st.load = d.meter ? d.meter->sample() : 1.0;
+    st.load = d.meter ? d.meter->last() : 1.0;
     // A call still running counts up to now, so that a device busy with one long call shows it.
     int64_t since = d.running_since.load(), busy = d.busy_ns.load();
     if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
@@ -802,9 +868,10 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     return;
   }
 
-  // Asynchronous. Taking the dependencies, submitting and recording the call's event happen under
-  // one lock: a call that recorded its event before being queued could otherwise be waited for by
-  // a call queued ahead of it on the same device.
+  // Asynchronous. A full queue is waited for first, holding no lock. Then taking the dependencies,
+  // submitting and recording the call's event happen under one lock: a call that recorded its
+  // event before being queued could otherwise be waited for by a call queued ahead of it.
+  dev.queue->wait_for_space();
   std::lock_guard<std::mutex> submitting(s.submit_mu);
   deps.clear();
   for (int b = 0; b < nb; b++)

@@ -62,6 +62,7 @@ void KernelArgs::add(const View& v, BufferRole role) {
   storages_[size_t(nb_)] = v.storage;
   offsets_[size_t(nb_)] = v.offset_bytes;
   Buf& b = bufs_[size_t(nb_++)];
+  b.b = halide_buffer_t{};
   b.b.host = static_cast<uint8_t*>(v.host);
   b.b.type = halide_type_of(v.dtype);
   b.b.dimensions = v.n;
@@ -226,7 +227,7 @@ void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
     }
 }
 
-void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
+void KernelArgs::attrs(const OpInfo& op, std::span<const double> values) {
   OPFORGE_CHECK(values.size() == op.attrs.size())
       << op.name << ": expected " << op.attrs.size() << " attribute(s), got " << values.size();
   OPFORGE_CHECK(size_t(ns_) + values.size() <= slots_.size())
@@ -246,8 +247,7 @@ void KernelArgs::attrs(const OpInfo& op, const AttrValues& values) {
   }
 }
 
-bool collapse(const Shape& shape, const std::vector<const Shape*>& strides,
-              std::vector<View>& views) {
+bool collapse(const Shape& shape, std::span<const Shape* const> strides, std::span<View> views) {
   int r = int(shape.size());
   for (auto& v : views) v.n = 0;
   int n = 0;
@@ -281,10 +281,26 @@ bool collapse(const Shape& shape, const std::vector<const Shape*>& strides,
   return true;
 }
 
-Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs) {
-  std::vector<Shape> shapes;
-  for (const auto& t : inputs) shapes.push_back(t.shape());
-  return broadcast_shapes(op, shapes);
+Shape broadcast_shapes(const char* op, std::span<const Tensor> inputs) {
+  // Without building a list of shapes (the per-call path); the error path builds one to report.
+  size_t rank = 0;
+  for (const Tensor& t : inputs) rank = std::max(rank, t.shape().size());
+  Shape out(rank, 1);
+  for (const Tensor& t : inputs) {
+    const Shape& s = t.shape();
+    size_t lead = rank - s.size();
+    for (size_t i = 0; i < s.size(); i++) {
+      int64_t& o = out[lead + i];
+      if (s[i] == o || s[i] == 1) continue;
+      if (o != 1) {
+        std::vector<Shape> shapes;
+        for (const auto& x : inputs) shapes.push_back(x.shape());
+        return broadcast_shapes(op, shapes);  // raises the error naming every shape
+      }
+      o = s[i];
+    }
+  }
+  return out;
 }
 
 Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
@@ -320,8 +336,8 @@ CallExtents extents_of(const View& v) {
 }
 
 void run_strided(const KernelGroup& g, const Tensor& src, const Tensor& dst) {
-  std::vector<const Shape*> strides = {&src.strides(), &dst.strides()};
-  std::vector<View> views(2);
+  const Shape* strides[] = {&src.strides(), &dst.strides()};
+  View views[2];
   if (!collapse(dst.shape(), strides, views)) {
     for (int64_t i = 0; i < dst.size(0); i++) run_strided(g, src.select(0, i), dst.select(0, i));
     return;

@@ -5,7 +5,10 @@
 #include <HalideRuntime.h>
 
 #include <array>
+#include <initializer_list>
 #include <memory>
+#include <new>
+#include <span>
 
 #include "cpu_devices.hpp"
 #include "gpu_devices.hpp"
@@ -48,8 +51,9 @@ struct View {
   size_t offset_bytes = 0;  // of element [0, ...] in its storage
   DType dtype = DType::Float32;
   int n = 0;
-  int64_t extent[kMaxDims] = {};
-  int64_t stride[kMaxDims] = {};
+  // Only the first n are read; whoever makes a view sets them (collapse sets all kMaxDims).
+  int64_t extent[kMaxDims];
+  int64_t stride[kMaxDims];
   std::shared_ptr<Storage> storage;  // kept alive, and ordered, until the kernel has run
   // Points the view at t's element [0, ...] (extents and strides are set by the caller).
   View& bind(const Tensor& t);
@@ -77,7 +81,10 @@ class KernelArgs {
   void input(const View& v) { add(v, BufferRole::input); }
   void output(const View& v) { add(v, BufferRole::output); }
   void inout(const View& v) { add(v, BufferRole::inout); }
-  void attrs(const OpInfo& op, const AttrValues& values);
+  void attrs(const OpInfo& op, std::span<const double> values);
+  void attrs(const OpInfo& op, std::initializer_list<double> values) {
+    attrs(op, std::span<const double>(values.begin(), values.size()));
+  }
   // The device's user context (a UserContext, null: the plain cpu); each call carries a copy of
   // its own, with the call's slot for Halide's error text.
   void set_context(void* device_context) {
@@ -114,21 +121,22 @@ class KernelArgs {
   enum class Slot : uint8_t { f64, i32 };
   static constexpr size_t kBufs = size_t(kMaxKernelBuffers);
   struct Buf {
-    halide_buffer_t b{};
-    halide_dimension_t d[kMaxDims]{};
+    halide_buffer_t b;
+    halide_dimension_t d[kMaxDims];
   };
-  std::array<Buf, kBufs> bufs_{};
+  std::array<Buf, kBufs> bufs_;  // set by add(), only those used
   std::array<BufferRole, kBufs> roles_{};
   std::array<std::shared_ptr<Storage>, kBufs> storages_{};
-  std::array<size_t, kBufs> offsets_{};        // bytes
-  std::array<DeviceHandle, kBufs> handles_{};  // a GPU call's device handles
+  std::array<size_t, kBufs> offsets_;        // bytes; set by add()
+  std::array<DeviceHandle, kBufs> handles_;  // a GPU call's device handles; set by bind()
   std::array<DeviceBlock*, kBufs>
       staged_{};                      // a GPU call's dense copies of views it cannot address
   std::array<bool, kBufs> pinned_{};  // a GPU call's storages whose device copy it pinned
-  std::array<double, 8> f_{};
-  std::array<int32_t, 8> i_{};
-  std::array<Slot, 8> slots_{};  // the scalars in the op's attribute order
-  std::array<void*, 1 + 2 * kBufs + 8> args_{};
+  // Set before they are read: the scalars by attrs(), the pointers by argv().
+  std::array<double, 8> f_;
+  std::array<int32_t, 8> i_;
+  std::array<Slot, 8> slots_;  // the scalars in the op's attribute order
+  std::array<void*, 1 + 2 * kBufs + 8> args_;
   UserContext ctx_;
   std::string error_;
   void* context_ = nullptr;  // &ctx_, set by argv()
@@ -139,13 +147,61 @@ class KernelArgs {
 // on the caller's thread or on the chosen device's queue, after the calls it depends on.
 void launch(const KernelGroup& g, const CallExtents& extents, KernelArgs&& args);
 
+// Up to kMaxKernelBuffers tensors held inline: a call's inputs or results without a heap
+// allocation.
+class TensorList {
+ public:
+  static constexpr size_t kCapacity = size_t(kMaxKernelBuffers);
+  TensorList() = default;
+  explicit TensorList(std::span<const Tensor> t) {
+    for (const Tensor& x : t) push_back(x);
+  }
+  TensorList(std::initializer_list<Tensor> t)
+      : TensorList(std::span<const Tensor>(t.begin(), t.size())) {}
+  TensorList(const TensorList& o) : TensorList(o.span()) {}
+  TensorList(TensorList&& o) noexcept {
+    for (Tensor& x : o) new (&slot(n_++)) Tensor(std::move(x));
+    o.clear();
+  }
+  TensorList& operator=(const TensorList&) = delete;
+  ~TensorList() { clear(); }
+  void push_back(Tensor t) {
+    OPFORGE_CHECK(n_ < kCapacity) << "a kernel takes at most " << kCapacity << " tensors";
+    new (&slot(n_++)) Tensor(std::move(t));
+  }
+  void clear() {
+    for (Tensor& x : *this) x.~Tensor();
+    n_ = 0;
+  }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  Tensor& operator[](size_t i) { return slot(i); }
+  const Tensor& operator[](size_t i) const { return slot(i); }
+  Tensor* begin() { return &slot(0); }
+  Tensor* end() { return &slot(0) + n_; }
+  const Tensor* begin() const { return &slot(0); }
+  const Tensor* end() const { return &slot(0) + n_; }
+  std::span<const Tensor> span() const { return {begin(), n_}; }
+  std::vector<Tensor> vector() const { return {begin(), end()}; }
+
+ private:
+  // Slots are constructed only when used: a call rarely has more than three tensors.
+  Tensor& slot(size_t i) {
+    return *std::launder(reinterpret_cast<Tensor*>(raw_ + i * sizeof(Tensor)));
+  }
+  const Tensor& slot(size_t i) const {
+    return *std::launder(reinterpret_cast<const Tensor*>(raw_ + i * sizeof(Tensor)));
+  }
+  alignas(Tensor) unsigned char raw_[kCapacity * sizeof(Tensor)];
+  size_t n_ = 0;
+};
+
 // Merges adjacent dims of same-shaped views where every view allows it (strides nest), and drops
 // size-1 dims, then pads to exactly kMaxDims dims. Returns false if more than kMaxDims remain.
-bool collapse(const Shape& shape, const std::vector<const Shape*>& strides,
-              std::vector<View>& views);
+bool collapse(const Shape& shape, std::span<const Shape* const> strides, std::span<View> views);
 
 // Output shape of NumPy broadcasting; the error names the op and the shapes.
-Shape broadcast_shapes(const char* op, const std::vector<Tensor>& inputs);
+Shape broadcast_shapes(const char* op, std::span<const Tensor> inputs);
 Shape broadcast_shapes(const char* op, const std::vector<Shape>& shapes);
 
 CallExtents extents_of(const View& v);

@@ -2,6 +2,7 @@
 // any N-d call onto at most six strided dims.
 #include <climits>
 #include <cmath>
+#include <span>
 
 #include "kernel_call.hpp"
 
@@ -10,12 +11,13 @@ namespace {
 using namespace detail;
 
 const KernelGroup& resolve_group(const OpInfo& op, DType compute) {
-  if (const KernelGroup* g = op.find_group(std::string(dtype_name(compute)))) return *g;
+  if (const KernelGroup* g = op.find_group(compute)) return *g;
   // Float-only ops (exp, sqrt, ...) on integers compute in float32, as PyTorch does; ops with
   // integer kernels (neg, abs, ...) reject the dtypes they lack.
-  bool float_only = !op.find_group("int32") && !op.find_group("int64") && !op.find_group("bool");
+  bool float_only =
+      !op.find_group(DType::Int32) && !op.find_group(DType::Int64) && !op.find_group(DType::Bool);
   if (!is_floating(compute) && float_only)
-    if (const KernelGroup* g = op.find_group("float32")) return *g;
+    if (const KernelGroup* g = op.find_group(DType::Float32)) return *g;
   return op.group(std::string(dtype_name(compute)));
 }
 
@@ -29,7 +31,7 @@ bool can_cast(DType from, DType to) {
 
 // A tensor the kernel may write directly: the result's dtype, and no input overlaps it unless it is
 // the very same view (a pointwise kernel reads each element before it writes it).
-bool writes_directly(const Tensor& out, DType dtype, const std::vector<Tensor>& in, size_t skip) {
+bool writes_directly(const Tensor& out, DType dtype, std::span<const Tensor> in, size_t skip) {
   if (out.dtype() != dtype) return false;
   for (size_t i = 0; i < in.size(); i++)
     if (i != skip && may_overlap(in[i], out) && !same_view(in[i], out)) return false;
@@ -39,21 +41,38 @@ bool writes_directly(const Tensor& out, DType dtype, const std::vector<Tensor>& 
 // Launches the kernel over `in` (already at the kernel's dtypes) writing `results` (or, for an
 // inout op, in[inout]), all of `shape`. Returns false, launching nothing, when a written tensor
 // cannot be the kernel's output as it is: its innermost collapsed dimension is not unit-strided
-// (the kernels store vectors) or it does not collapse onto six dims.
-bool launch_elementwise(const OpInfo& op, const KernelGroup& g, const std::vector<Tensor>& in,
-                        const AttrValues& attrs, const Shape& shape, size_t inout,
-                        const std::vector<Tensor>& results) {
-  std::vector<Tensor> expanded;
-  std::vector<const Shape*> strides;
-  for (auto& t : in) expanded.push_back(t.expand(shape));
-  for (auto& t : expanded) strides.push_back(&t.strides());
-  for (auto& r : results) strides.push_back(&r.strides());
-  std::vector<View> views(strides.size());
-  if (!collapse(shape, strides, views)) {
+// (the kernels store vectors) or it does not collapse onto six dims. Allocates nothing.
+bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const Tensor> in,
+                        std::span<const double> attrs, const Shape& shape, size_t inout,
+                        std::span<const Tensor> results) {
+  // Inputs of the result's shape are used as they are; the others as broadcast (stride-0) views.
+  TensorList expanded;
+  std::array<const Tensor*, kMaxKernelBuffers> src;
+  std::array<const Shape*, kMaxKernelBuffers> strides;
+  size_t n = 0;
+  for (const Tensor& t : in) {
+    if (t.shape() != shape) {
+      expanded.push_back(t.expand(shape));
+      src[n] = &expanded[expanded.size() - 1];
+    } else {
+      src[n] = &t;
+    }
+    strides[n] = &src[n]->strides();
+    n++;
+  }
+  for (const Tensor& r : results) strides[n++] = &r.strides();
+  std::array<View, kMaxKernelBuffers> views;
+  std::span<const Shape* const> st(strides.data(), n);
+  std::span<View> vs(views.data(), n);
+  if (!collapse(shape, st, vs)) {
     // More than six independent strides: materialise the inputs, which then collapse further.
-    for (size_t i = 0; i < expanded.size(); i++)
-      if (i != inout) expanded[i] = expanded[i].contiguous();
-    if (!collapse(shape, strides, views)) return false;
+    for (size_t i = 0; i < in.size(); i++)
+      if (i != inout) {
+        expanded.push_back(src[i]->contiguous());
+        src[i] = &expanded[expanded.size() - 1];
+        strides[i] = &src[i]->strides();
+      }
+    if (!collapse(shape, st, vs)) return false;
   }
   const size_t first_out = inout < in.size() ? inout : in.size();
   if (views[first_out].stride[0] != 1) return false;
@@ -62,9 +81,9 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, const std::vecto
   KernelArgs args;
   for (size_t i = 0; i < in.size(); i++) {
     if (i == inout)
-      args.inout(views[i].bind(expanded[i]));
+      args.inout(views[i].bind(*src[i]));
     else
-      args.input(views[i].bind(expanded[i]));
+      args.input(views[i].bind(*src[i]));
   }
   args.attrs(op, attrs);
   for (size_t k = 0; k < results.size(); k++) args.output(views[in.size() + k].bind(results[k]));
@@ -74,15 +93,17 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, const std::vecto
 
 // Runs an elementwise op. `outs`: tensors to write the results into (out=), or empty to allocate
 // them. An op with an inout buffer writes its result into that input, which must already have the
-// broadcast shape. Returns the results (for an inout op, the written input).
-std::vector<Tensor> run_elementwise(const OpInfo& op, std::vector<Tensor> in,
-                                    const AttrValues& attrs, const std::vector<Tensor>& outs = {}) {
+// broadcast shape. Returns the results (for an inout op, the written input). On a known shape
+// bucket nothing is allocated but the results.
+TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
+                           std::span<const double> attrs, std::span<const Tensor> outs = {}) {
   OPFORGE_CHECK(op.family == "elementwise")
       << op.name << " is a " << op.family << " op, not elementwise";
-  OPFORGE_CHECK(int(in.size()) == op.num_inputs)
-      << op.name << ": expected " << op.num_inputs << " input(s), got " << in.size();
+  OPFORGE_CHECK(int(inputs.size()) == op.num_inputs)
+      << op.name << ": expected " << op.num_inputs << " input(s), got " << inputs.size();
   OPFORGE_CHECK(outs.empty() || int(outs.size()) == op.num_outputs)
       << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs.size();
+  TensorList in(inputs);
   bool any = false;
   DType compute = DType::Bool;
   for (size_t i = 0; i < in.size(); i++) {
@@ -104,7 +125,7 @@ std::vector<Tensor> run_elementwise(const OpInfo& op, std::vector<Tensor> in,
     DType want = (op.flags >> i) & 1 ? DType::Bool : g.in_dtype;
     if (in[i].dtype() != want) in[i] = cast(in[i], want);
   }
-  Shape shape = broadcast_shapes(op.name.c_str(), in);
+  Shape shape = broadcast_shapes(op.name.c_str(), in.span());
   for (size_t k = 0; k < outs.size(); k++) {
     const Tensor& o = outs[k];
     OPFORGE_CHECK(o.defined()) << op.name << ": output " << k << " is undefined";
@@ -125,32 +146,42 @@ std::vector<Tensor> run_elementwise(const OpInfo& op, std::vector<Tensor> in,
     OPFORGE_CHECK(target.shape() == shape)
         << op.name << ": input " << inout << " of shape " << shape_str(target.shape())
         << " is written in place, but the inputs broadcast to " << shape_str(shape);
-    if (target.numel() == 0) return {target};
-    if (writes_directly(target, g.in_dtype, in, inout) &&
-        launch_elementwise(op, g, in, attrs, shape, inout, {}))
-      return {target};
+    if (target.numel() == 0) return TensorList({target});
+    if (writes_directly(target, g.in_dtype, in.span(), inout) &&
+        launch_elementwise(op, g, in.span(), attrs, shape, inout, {}))
+      return TensorList({target});
     // A view another input partly overlaps, or one the kernel cannot write as it is: computed
     // on a dense copy, then written back.
     in[inout] = target.is_contiguous() ? target.clone() : target.contiguous();
-    launch_elementwise(op, g, in, attrs, shape, inout, {});
+    launch_elementwise(op, g, in.span(), attrs, shape, inout, {});
     copy_into(target, in[inout]);
-    return {target};
+    return TensorList({target});
   }
 
   bool direct = !outs.empty();
-  for (const Tensor& o : outs) direct = direct && writes_directly(o, g.out_dtype, in, in.size());
+  for (const Tensor& o : outs)
+    direct = direct && writes_directly(o, g.out_dtype, in.span(), in.size());
   if (direct &&
-      (shape_numel(shape) == 0 || launch_elementwise(op, g, in, attrs, shape, inout, outs)))
-    return outs;
-  std::vector<Tensor> results;
+      (shape_numel(shape) == 0 || launch_elementwise(op, g, in.span(), attrs, shape, inout, outs)))
+    return TensorList(outs);
+  TensorList results;
   for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor::empty(shape, g.out_dtype));
   if (shape_numel(shape) == 0) {
-    for (auto& r : results) r = place_like(r, in);
+    for (auto& r : results) r = place_like(r, std::vector<Tensor>(in.begin(), in.end()));
   } else {
-    launch_elementwise(op, g, in, attrs, shape, inout, results);
+    launch_elementwise(op, g, in.span(), attrs, shape, inout, results.span());
   }
   for (size_t k = 0; k < outs.size(); k++) copy_into(outs[k], results[k]);
-  return outs.empty() ? results : outs;
+  if (outs.empty()) return results;
+  return TensorList(outs);
+}
+
+TensorList run_elementwise(const OpInfo& op, std::initializer_list<Tensor> in,
+                           std::initializer_list<double> attrs,
+                           std::initializer_list<Tensor> outs = {}) {
+  return run_elementwise(op, std::span<const Tensor>(in.begin(), in.size()),
+                         std::span<const double>(attrs.begin(), attrs.size()),
+                         std::span<const Tensor>(outs.begin(), outs.size()));
 }
 
 // A Python number next to a tensor takes the tensor's dtype unless it does not fit it.
@@ -164,7 +195,7 @@ Tensor scalar_for(const Tensor& t, double v) {
   return Tensor::scalar(v, d);
 }
 
-Tensor one_result(const OpInfo& op, std::vector<Tensor> results) {
+Tensor one_result(const OpInfo& op, TensorList results) {
   OPFORGE_CHECK(results.size() == 1) << op.name << " has " << results.size()
                                      << " results; call elementwise_results() to get them all";
   return std::move(results[0]);
@@ -180,47 +211,48 @@ Tensor elementwise(const std::string& name, const std::vector<Tensor>& inputs,
 
 std::vector<Tensor> elementwise_results(const std::string& name, const std::vector<Tensor>& inputs,
                                         const AttrValues& attrs, const std::vector<Tensor>& outs) {
-  return run_elementwise(op_info(name), inputs, attrs, outs);
+  return run_elementwise(op_info(name), inputs, attrs, outs).vector();
 }
 
-#define OPFORGE_DEFINE_UNARY(name)                        \
-  Tensor name(const Tensor& x) {                          \
-    static const OpInfo& op = op_info(#name);             \
-    return run_elementwise(op, {x}, {})[0];               \
-  }                                                       \
-  Tensor name##_out(const Tensor& out, const Tensor& x) { \
-    static const OpInfo& op = op_info(#name);             \
-    return run_elementwise(op, {x}, {}, {out})[0];        \
+#define OPFORGE_DEFINE_UNARY(name)                            \
+  Tensor name(const Tensor& x) {                              \
+    static const OpInfo& op = op_info(#name);                 \
+    return std::move(run_elementwise(op, {x}, {})[0]);        \
+  }                                                           \
+  Tensor name##_out(const Tensor& out, const Tensor& x) {     \
+    static const OpInfo& op = op_info(#name);                 \
+    return std::move(run_elementwise(op, {x}, {}, {out})[0]); \
   }
 OPFORGE_UNARY_OPS(OPFORGE_DEFINE_UNARY)
 #undef OPFORGE_DEFINE_UNARY
 
 Tensor leaky_relu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("leaky_relu");
-  return run_elementwise(op, {x}, {alpha})[0];
+  return std::move(run_elementwise(op, {x}, {alpha})[0]);
 }
 Tensor elu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("elu");
-  return run_elementwise(op, {x}, {alpha})[0];
+  return std::move(run_elementwise(op, {x}, {alpha})[0]);
 }
 Tensor clip_out(const Tensor& out, const Tensor& x, double lo, double hi) {
   static const OpInfo& op = op_info("clip");
   OPFORGE_CHECK(!(lo > hi)) << "clip: min " << lo << " is greater than max " << hi;
   OPFORGE_CHECK(!std::isnan(lo) && !std::isnan(hi)) << "clip: a bound is NaN";
-  return run_elementwise(op, {x}, {lo, hi},
-                         out.defined() ? std::vector<Tensor>{out} : std::vector<Tensor>{})[0];
+  const double bounds[] = {lo, hi};
+  return run_elementwise(op, std::span<const Tensor>(&x, 1), bounds,
+                         std::span<const Tensor>(&out, out.defined() ? 1 : 0))[0];
 }
 Tensor clip(const Tensor& x, double lo, double hi) { return clip_out({}, x, lo, hi); }
 
 #define OPFORGE_DEFINE_BINARY(name)                                            \
   Tensor name(const Tensor& a, const Tensor& b) {                              \
     static const OpInfo& op = op_info(#name);                                  \
-    return run_elementwise(op, {a, b}, {})[0];                                 \
+    return std::move(run_elementwise(op, {a, b}, {})[0]);                      \
   }                                                                            \
   Tensor name(const Tensor& a, double b) { return name(a, scalar_for(a, b)); } \
   Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b) {     \
     static const OpInfo& op = op_info(#name);                                  \
-    return run_elementwise(op, {a, b}, {}, {out})[0];                          \
+    return std::move(run_elementwise(op, {a, b}, {}, {out})[0]);               \
   }                                                                            \
   Tensor name##_out(const Tensor& out, const Tensor& a, double b) {            \
     return name##_out(out, a, scalar_for(a, b));                               \
@@ -230,22 +262,22 @@ OPFORGE_BINARY_OPS(OPFORGE_DEFINE_BINARY)
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_and");
-  return run_elementwise(op, {a, b}, {})[0];
+  return std::move(run_elementwise(op, {a, b}, {})[0]);
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_or");
-  return run_elementwise(op, {a, b}, {})[0];
+  return std::move(run_elementwise(op, {a, b}, {})[0]);
 }
 Tensor logical_xor(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_xor");
-  return run_elementwise(op, {a, b}, {})[0];
+  return std::move(run_elementwise(op, {a, b}, {})[0]);
 }
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("where");
   OPFORGE_CHECK(cond.defined() && cond.dtype() == DType::Bool)
       << "where: the condition must be a bool tensor, got "
       << (cond.defined() ? std::string(dtype_name(cond.dtype())) : std::string("undefined"));
-  return run_elementwise(op, {cond, a, b}, {})[0];
+  return std::move(run_elementwise(op, {cond, a, b}, {})[0]);
 }
 
 std::pair<Tensor, Tensor> sincos(const Tensor& x) {
@@ -256,7 +288,7 @@ std::pair<Tensor, Tensor> sincos(const Tensor& x) {
 
 Tensor axpy_(const Tensor& y, double alpha, const Tensor& x) {
   static const OpInfo& op = op_info("axpy_");
-  return run_elementwise(op, {y, x}, {alpha})[0];
+  return std::move(run_elementwise(op, {y, x}, {alpha})[0]);
 }
 
 // ---- in-place methods (PyTorch's): the result goes into this tensor, in its dtype ----

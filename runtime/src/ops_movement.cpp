@@ -11,7 +11,8 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
   static const OpInfo& op = op_info("copy");
   OPFORGE_CHECK(dst.defined() && src_in.defined()) << "copy_into: a tensor is undefined";
   Tensor src = src_in.dtype() == dst.dtype() ? src_in : cast(src_in, dst.dtype());
-  Shape b = broadcast_shapes("copy_into", {src, dst});
+  const Tensor both[] = {src, dst};
+  Shape b = broadcast_shapes("copy_into", both);
   OPFORGE_CHECK(b == dst.shape()) << "copy_into: source of shape " << shape_str(src.shape())
                                   << " does not broadcast to the destination shape "
                                   << shape_str(dst.shape());

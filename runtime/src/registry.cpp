@@ -105,6 +105,8 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       g.id = r.next_group++;
       g.buffers.assign(k.buffers, k.buffers + k.num_buffers);
+      for (DType d : kAllDTypes)
+        if (g.dtype_key == dtype_name(d)) op.by_dtype[size_t(d)] = &g;
     }
     // Every variant of a group shares the group's buffer contract; one that differs is a build
     // fault, refused here rather than called with the wrong arguments.
@@ -172,6 +174,13 @@ const OpInfo& op_info(const std::string& name) {
   for (const auto& [n, op] : registry().ops) known << (known.tellp() ? ", " : "") << n;
   OPFORGE_CHECK(false) << "unknown op '" << name << "'; registered ops: " << known.str();
   __builtin_unreachable();
+}
+
+const KernelGroup* kernel_group(uint32_t id) {
+  for (const auto& [n, op] : registry().ops)
+    for (const auto& [key, g] : op.groups)
+      if (g.id == id) return &g;
+  return nullptr;
 }
 
 std::vector<const OpInfo*> all_ops() {

@@ -17,13 +17,35 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Scheduler::Scheduler(int max_devices) { devices_.resize(size_t(max_devices)); }
+// A thread's memory of the entries it used last, so that a call with no choice of device finds its
+// entry, and its variant, without the lock. Direct-mapped; a slot is valid for one scheduler and
+// generation (a reset makes every slot stale).
+struct FastSlot {
+  const Scheduler* owner = nullptr;
+  uint64_t generation = 0, key = 0;
+  uint32_t variants = 0;
+  void* entry = nullptr;
+  uint64_t calls = 0;  // this thread's calls of the entry: it re-times every retime_every
+};
+constexpr size_t kFastSlots = 64;
+FastSlot& fast_slot(uint64_t key, uint32_t variants) {
+  thread_local FastSlot slots[kFastSlots];
+  uint64_t h = (key ^ (uint64_t(variants) * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+  return slots[(h >> 58) % kFastSlots];
+}
+
+Scheduler::Scheduler(int max_devices) : devices_(size_t(max_devices)), loads_(size_t(max_devices)) {
+  for (auto& l : loads_) l.store(1.0);
+}
 
 void Scheduler::set_policy(const DispatchPolicy& p) {
   OPFORGE_CHECK(p.calibration_runs >= 1 && p.retime_every >= 1 && p.explore_every >= 1)
       << "set_dispatch_policy: every count must be at least 1";
   std::lock_guard<std::mutex> lock(mu_);
   policy_ = p;
+  retime_every_ = p.retime_every;
+  explore_every_ = p.explore_every;
+  retired_.push_back(std::move(model_));
   model_.clear();
   generation_++;
 }
@@ -35,8 +57,10 @@ DispatchPolicy Scheduler::policy() const {
 
 void Scheduler::reset() {
   std::lock_guard<std::mutex> lock(mu_);
+  retired_.push_back(std::move(model_));
   model_.clear();
   for (auto& d : devices_) d.load = 1;
+  for (auto& l : loads_) l.store(1.0);
   generation_++;
 }
 
@@ -52,15 +76,50 @@ const Scheduler::DeviceState* Scheduler::find_dev(int d) const {
 
 Scheduler::Entry& Scheduler::entry(uint64_t key, int device, uint32_t variants) {
   uint64_t k = key | (uint64_t(device) << kDeviceShift);
-  auto it = model_.find(k);
-  if (it == model_.end()) {
-    Entry e;
+  auto [it, created] = model_.try_emplace(k);
+  Entry& e = it->second;
+  if (created) {
     for (int v = 0; v < 32; v++)
       if ((variants >> v) & 1) e.variants.push_back(v);
     e.stats.resize(e.variants.size());
-    it = model_.emplace(k, std::move(e)).first;
+    publish(e);
   }
-  return it->second;
+  return e;
+}
+
+void Scheduler::publish(Entry& e) {
+  // One variant needs no calibration when there is no choice of device either; with several, the
+  // lock-free path waits for the calibration to end.
+  bool known =
+      !e.variants.empty() && (e.variants.size() == 1 || e.calibrated(policy_.calibration_runs));
+  e.fast_estimate.store(known ? e.stats[size_t(e.best)].estimate : 0, std::memory_order_relaxed);
+  e.fast_variant.store(known ? e.variants[size_t(e.best)] : -1, std::memory_order_release);
+}
+
+bool Scheduler::decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
+                            Decision& d) {
+  uint64_t k = key | (uint64_t(c.device) << kDeviceShift);
+  FastSlot& f = fast_slot(k, c.variants);
+  uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (f.owner != this || f.generation != gen || f.key != k || f.variants != c.variants)
+    return false;
+  const Entry& e = *static_cast<const Entry*>(f.entry);
+  int v = e.fast_variant.load(std::memory_order_acquire);
+  if (v < 0) return false;
+  uint64_t n = ++f.calls;
+  // Exploring another variant goes through the lock, as it chooses among them.
+  if (n % uint64_t(explore_every_.load(std::memory_order_relaxed)) == 0) return false;
+  d.key = key;
+  d.generation = gen;
+  d.device = c.device;
+  d.variant = v;
+  d.timed = n % uint64_t(retime_every_.load(std::memory_order_relaxed)) == 0;
+  double load = size_t(c.device) < loads_.size()
+                    ? loads_[size_t(c.device)].load(std::memory_order_relaxed)
+                    : 1.0;
+  d.predicted = e.fast_estimate.load(std::memory_order_relaxed) * load;
+  if (size_t(c.device) < transfer.size()) d.transfer = transfer[size_t(c.device)];
+  return true;
 }
 
 double Scheduler::ready_locked(int d, double now) const {
@@ -76,8 +135,19 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
                            const std::vector<double>& inputs_ready) {
   OPFORGE_CHECK(!cands.empty()) << "scheduler: no candidate device";
   OPFORGE_CHECK((key >> kDeviceShift) == 0) << "scheduler: bucket key uses the device bits";
-  std::lock_guard<std::mutex> lock(mu_);
   Decision d;
+  // A call with no choice of device on a known bucket: no lock (the common inline CPU call).
+  const bool single = cands.size() == 1 && !explain;
+  if (single && decide_fast(key, cands[0], transfer, d)) return d;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (single) {
+    // Remembered for the lock-free path of this thread's next calls.
+    FastSlot& f = fast_slot(key | (uint64_t(cands[0].device) << kDeviceShift), cands[0].variants);
+    Entry& e = entry(key, cands[0].device, cands[0].variants);
+    if (f.entry != &e || f.owner != this || f.generation != generation_) f.calls = e.calls;
+    f = {this, generation_, key | (uint64_t(cands[0].device) << kDeviceShift), cands[0].variants,
+         &e,   f.calls};
+  }
   d.key = key;
   d.generation = generation_;
   const int runs = policy_.calibration_runs;
@@ -200,6 +270,7 @@ void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, boo
       if (e.stats[size_t(i)].estimate < e.stats[size_t(best)].estimate) best = i;
     e.best = best;
   }
+  publish(e);
 }
 
 void Scheduler::enqueued(const Decision& d) {
@@ -247,6 +318,7 @@ void Scheduler::failed(const Decision& d, bool was_enqueued) {
   if (e.variants.size() > 1 && e.calibrated(policy_.calibration_runs))
     for (int i = 1; i < int(e.stats.size()); i++)
       if (e.stats[size_t(i)].estimate < e.stats[size_t(e.best)].estimate) e.best = i;
+  publish(e);
 }
 
 void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
@@ -266,6 +338,7 @@ void Scheduler::set_load(int device, double factor) {
   OPFORGE_CHECK(factor > 0) << "scheduler: load factor must be positive, got " << factor;
   std::lock_guard<std::mutex> lock(mu_);
   dev(device).load = factor;
+  loads_[size_t(device)].store(factor, std::memory_order_relaxed);
 }
 
 double Scheduler::load(int device) const {

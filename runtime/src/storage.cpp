@@ -38,7 +38,30 @@ Cache& cache() {
   return *c;
 }
 
+// A few freed small blocks per size class kept by each thread, so that a loop of small ops takes
+// no lock another thread's ops take. Blocks go back to the shared cache when the thread ends.
+constexpr size_t kThreadClasses = 11;  // 64 B ... 64 KiB, the small power-of-two classes
+constexpr int kThreadBlocks = 4;
+int thread_class(size_t capacity) {
+  if (capacity > (size_t(64) << (kThreadClasses - 1))) return -1;
+  int c = 0;
+  for (size_t s = 64; s < capacity; s <<= 1) c++;
+  return (size_t(64) << c) == capacity ? c : -1;
+}
+void host_free_shared(void* p, size_t capacity);
+struct ThreadBlocks {
+  void* blocks[kThreadClasses][kThreadBlocks] = {};
+  int count[kThreadClasses] = {};
+  ~ThreadBlocks() {
+    for (size_t c = 0; c < kThreadClasses; c++)
+      for (int i = 0; i < count[c]; i++) host_free_shared(blocks[c][i], size_t(64) << c);
+  }
+};
+thread_local ThreadBlocks thread_blocks;
+
 void* host_alloc(size_t capacity) {
+  if (int k = thread_class(capacity); k >= 0 && thread_blocks.count[k] > 0)
+    return thread_blocks.blocks[k][--thread_blocks.count[k]];
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -65,6 +88,14 @@ void* host_alloc(size_t capacity) {
 }
 
 void host_free(void* p, size_t capacity) {
+  if (int k = thread_class(capacity); k >= 0 && thread_blocks.count[k] < kThreadBlocks) {
+    thread_blocks.blocks[k][thread_blocks.count[k]++] = p;
+    return;
+  }
+  host_free_shared(p, capacity);
+}
+
+void host_free_shared(void* p, size_t capacity) {
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);

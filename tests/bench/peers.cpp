@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "opforge/registry.hpp"
 #include "opforge/tensor.hpp"
 #include "timing.hpp"
+#include "torch_peer.hpp"
 
 #ifdef OPFORGE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
@@ -495,11 +497,55 @@ BenchResult bench_dispatch_add_4(const BenchOptions& o) {
   // Beyond calibration, enough calls to settle the allocator's cache and the branch predictors.
   warm_up(ours, calibration_calls("add") + 1000);
   check_shape("dispatch_add_4", c, {4});
-  // The PyTorch eager C++ per-call figure quoted in the issue (torch::add of two 4-element float
-  // tensors): a fixed reference in us/call, not measured here.
-  constexpr double kPytorchEagerUsPerCall = 1.0;
+#ifdef OPFORGE_HAVE_LIBTORCH
+  // torch::add of two 4-element float32 tensors, measured in the same run, alternating with ours.
+  const Fn theirs = torch_add_4(num_cpu_cores(true));
+  warm_up(theirs, 1000);
+  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
+  return make_result("dispatch_add_4", "us/call", t[0] * 1e6, "libtorch_add", t[1] * 1e6);
+#else
   return make_result("dispatch_add_4", "us/call", seconds_per_call({ours}, o)[0] * 1e6,
-                     "pytorch_eager_cpp_reference", kPytorchEagerUsPerCall);
+                     "none (libtorch not found at configure time)", 0);
+#endif
+}
+
+// Two threads calling tiny ops at once, against one thread: how the per-call path scales when it
+// takes no lock another call holds. Each thread makes its own tensors and calibrates its bucket
+// before the clock starts; throughput in million calls per second (ratio > 1: two threads do more).
+BenchResult bench_dispatch_2threads(const BenchOptions& o) {
+  auto run = [](int threads, int64_t calls) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; t++)
+      pool.emplace_back([&, t] {
+        Generator gen(uint64_t(10 + t));
+        const Tensor a = Tensor::rand({4}, DType::Float32, gen);
+        const Tensor b = Tensor::rand({4}, DType::Float32, gen);
+        Tensor c;
+        for (int i = 0; i < calibration_calls("add") + 1000; i++) c = add(a, b);
+        ready++;
+        while (!go.load()) std::this_thread::yield();
+        for (int64_t i = 0; i < calls; i++) c = add(a, b);
+      });
+    while (ready.load() < threads) std::this_thread::yield();
+    auto t0 = std::chrono::steady_clock::now();
+    go = true;
+    for (auto& th : pool) th.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Calls per thread for a repeat of about repeat_seconds on one thread.
+  int64_t calls = 1000;
+  while (run(1, calls) < o.repeat_seconds && calls < (int64_t(1) << 30)) calls *= 2;
+  std::vector<double> one, two;
+  for (int r = 0; r < o.repeats; r++) {
+    let_thread_pools_idle();
+    one.push_back(double(calls) / run(1, calls) * 1e-6);
+    let_thread_pools_idle();
+    two.push_back(2.0 * double(calls) / run(2, calls) * 1e-6);
+  }
+  return make_result("dispatch_2threads", "Mcalls/s", median(std::move(two)), "one_thread",
+                     median(std::move(one)));
 }
 
 // For each op called since the last reset, the variant that ran most often.
@@ -531,6 +577,7 @@ const std::vector<Benchmark>& benchmarks() {
         {"sum_f32_4096x4096_axis1", [](const BenchOptions& o) { return bench_sum_axis(1, o); }},
         {"sum_f32_4096x4096_axis0", [](const BenchOptions& o) { return bench_sum_axis(0, o); }},
         {"dispatch_add_4", bench_dispatch_add_4},
+        {"dispatch_2threads", bench_dispatch_2threads},
     };
     // The CUDA benchmarks where there is a GPU to run them.
     if (device_exists(Device{DeviceKind::cuda, 0})) {

@@ -2,6 +2,7 @@
 // and tests read from it. Filled by the generated registry sources (kernel_abi.hpp); for each
 // variant the best CPU feature level this machine supports is kept.
 #pragma once
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct OpInfo {
   int flags = 0;
   std::vector<AttrInfo> attrs;
   std::map<std::string, KernelGroup> groups;  // by dtype key
+  // The group of a one-dtype key ("float32"), by DType: the call path's lookup, without strings.
+  const KernelGroup* by_dtype[std::size(kAllDTypes)] = {};
+  const KernelGroup* find_group(DType d) const { return by_dtype[size_t(d)]; }
   // The group for this dtype key, or an Error naming the dtypes the op supports.
   const KernelGroup& group(const std::string& dtype_key) const;
   const KernelGroup* find_group(const std::string& dtype_key) const;
@@ -51,6 +55,8 @@ struct OpInfo {
 const OpInfo& op_info(const std::string& name);
 const OpInfo* find_op(const std::string& name);
 std::vector<const OpInfo*> all_ops();
+// The kernel group with this id (KernelGroup::id), null if none.
+const KernelGroup* kernel_group(uint32_t id);
 
 // The CPU feature level the kernels were selected for ("avx512", "avx2" or "sse41").
 std::string cpu_target();

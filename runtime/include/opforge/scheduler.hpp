@@ -5,6 +5,7 @@
 // current load (StarPU's dmda). The class is pure bookkeeping: callers pass the time and the
 // measurements in, so tests drive it with synthetic data.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -93,6 +94,10 @@ class Scheduler {
     int outliers = 0;
   };
   struct Entry {  // one bucket on one device
+    // What a call with no choice of device runs, read without the lock (-1: ask under the lock:
+    // still calibrating, or no variant left): the best variant and its estimate.
+    std::atomic<int> fast_variant{-1};
+    std::atomic<double> fast_estimate{0};
     std::vector<int> variants;
     std::vector<VariantStats> stats;
     int calibration_issued = 0, calibration_done = 0;
@@ -110,6 +115,9 @@ class Scheduler {
     double running_predicted = 0, running_start = 0;
   };
   Entry& entry(uint64_t key, int device, uint32_t variants);
+  void publish(Entry& e);  // updates what the lock-free path reads
+  bool decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
+                   Decision& d);
   void record(Entry& e, int slot, double seconds, bool calibrating, bool exploring);
   void end_queued(const Decision& d, bool was_enqueued);
   DeviceState& dev(int d);
@@ -118,9 +126,15 @@ class Scheduler {
 
   mutable std::mutex mu_;
   DispatchPolicy policy_;
+  std::atomic<int> retime_every_{DispatchPolicy{}.retime_every};
+  std::atomic<int> explore_every_{DispatchPolicy{}.explore_every};
   std::unordered_map<uint64_t, Entry> model_;  // by bucket key ^ device
+  // Models a reset replaced: the lock-free path may still hold pointers into them (it checks the
+  // generation before it uses one), so their entries are never freed.
+  std::vector<std::unordered_map<uint64_t, Entry>> retired_;
   std::vector<DeviceState> devices_;
-  uint64_t generation_ = 0;
+  std::vector<std::atomic<double>> loads_;  // DeviceState::load, for the lock-free path
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace opforge

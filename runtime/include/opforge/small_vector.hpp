@@ -55,7 +55,7 @@ class SmallVector {
   ~SmallVector() { release(); }
   operator std::vector<T>() const { return std::vector<T>(begin(), end()); }  // NOLINT: implicit
 
-  template <class It>
+  template <class It, class = typename std::iterator_traits<It>::iterator_category>
   void assign(It first, It last) {
     size_t n = size_t(std::distance(first, last));
     size_ = 0;
@@ -127,6 +127,11 @@ class SmallVector {
     std::copy(tail.begin(), tail.end(), data_ + at + n);
     size_ += n;
     return data_ + at;
+  }
+  T* insert(const T* pos, std::initializer_list<T> v) { return insert(pos, v.begin(), v.end()); }
+  void assign(size_t n, const T& v) {
+    size_ = 0;
+    resize(n, v);
   }
   T* erase(const T* pos) { return erase(pos, pos + 1); }
   T* erase(const T* first, const T* last) {

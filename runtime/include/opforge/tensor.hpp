@@ -17,7 +17,7 @@
 
 namespace opforge {
 
-using Shape = std::vector<int64_t>;
+using Shape = SmallVector<int64_t, 8>;  // dims or strides, outermost first; inline up to 8
 
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
