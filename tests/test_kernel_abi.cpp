@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 #include "opforge/opforge.hpp"
 #include "reference.hpp"
 

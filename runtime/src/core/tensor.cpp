@@ -8,9 +8,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "gpu_devices.hpp"
+#include "devices/gpu_devices.hpp"
 #include "opforge/ops.hpp"
-#include "storage.hpp"
+#include "core/storage.hpp"
 
 namespace opforge {
 

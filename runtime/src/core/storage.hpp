@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "device_queue.hpp"
+#include "dispatch/device_queue.hpp"
 #include "opforge/device.hpp"
 
 namespace opforge {

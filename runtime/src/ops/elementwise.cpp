@@ -4,7 +4,7 @@
 #include <cmath>
 #include <span>
 
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 namespace opforge {
 namespace {

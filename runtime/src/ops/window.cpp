@@ -1,6 +1,6 @@
 // Window family: NCHW convolution and pooling. The runtime checks the geometry and sizes the
 // output; the kernels read it from the output buffer.
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 namespace opforge {
 namespace {

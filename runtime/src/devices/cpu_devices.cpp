@@ -1,5 +1,5 @@
 // Thread pools of the logical CPU devices and the halide_do_par_for that routes to them.
-#include "cpu_devices.hpp"
+#include "devices/cpu_devices.hpp"
 
 #include <HalideRuntime.h>
 #include <pthread.h>

@@ -1,7 +1,7 @@
 // The caching host allocator (blocks bucketed by size class; freed blocks wait in the cache up to a
 // limit; an allocation that fails releases the cache and retries before raising OutOfMemoryError),
 // the copies a storage keeps on GPU devices, and the ordering of the calls that use it.
-#include "storage.hpp"
+#include "core/storage.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gpu_devices.hpp"
+#include "devices/gpu_devices.hpp"
 #include "opforge/error.hpp"
 
 namespace opforge {

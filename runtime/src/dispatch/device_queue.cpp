@@ -1,5 +1,5 @@
 // Device work queues and completion events.
-#include "device_queue.hpp"
+#include "dispatch/device_queue.hpp"
 
 #include <pthread.h>
 #include <sys/syscall.h>

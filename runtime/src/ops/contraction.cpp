@@ -1,6 +1,6 @@
 // Contraction family: NumPy matmul and BLAS-style gemm onto batched (B, M, K) x (B, K, N). Batch
 // broadcasting uses stride-0 views; only a transposed inner dimension is copied.
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 namespace opforge {
 namespace {

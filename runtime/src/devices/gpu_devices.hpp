@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cpu_devices.hpp"
+#include "devices/cpu_devices.hpp"
 #include "opforge/device.hpp"
 
 namespace opforge {

@@ -1,12 +1,12 @@
 // Halide buffers over tensors, attribute conversion and dimension collapsing.
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 #include <climits>
 #include <cmath>
 #include <sstream>
 
-#include "gpu_devices.hpp"
-#include "storage.hpp"
+#include "devices/gpu_devices.hpp"
+#include "core/storage.hpp"
 
 namespace opforge::detail {
 

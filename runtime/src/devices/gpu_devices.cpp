@@ -5,7 +5,7 @@
 // process; the definition here replaces it and takes the device from the call's user context
 // (UserContext::opencl), so that opencl:0, opencl:1, ... all run kernels and hold tensors. (It
 // lives in this file because the linker must load it: nothing else would pull it from the archive.)
-#include "gpu_devices.hpp"
+#include "devices/gpu_devices.hpp"
 
 #include <HalideRuntimeOpenCL.h>
 
@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 #include "opforge/error.hpp"
-#include "storage.hpp"
+#include "core/storage.hpp"
 
 #ifdef OPFORGE_HAVE_CUDA_KERNELS
 #include <HalideRuntimeCuda.h>

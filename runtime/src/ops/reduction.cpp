@@ -5,7 +5,7 @@
 #include <limits>
 #include <numeric>
 
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 namespace opforge {
 namespace {

@@ -2,7 +2,7 @@
 // Reshape, transpose, slice and expand are views in tensor.cpp and need no kernel.
 #include <numeric>
 
-#include "kernel_call.hpp"
+#include "kernels/kernel_call.hpp"
 
 namespace opforge {
 using namespace detail;

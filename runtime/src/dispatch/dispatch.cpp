@@ -19,12 +19,12 @@
 #include <thread>
 #include <unordered_map>
 
-#include "cpu_devices.hpp"
-#include "device_queue.hpp"
-#include "gpu_devices.hpp"
-#include "kernel_call.hpp"
+#include "devices/cpu_devices.hpp"
+#include "dispatch/device_queue.hpp"
+#include "devices/gpu_devices.hpp"
+#include "kernels/kernel_call.hpp"
 #include "opforge/error.hpp"
-#include "storage.hpp"
+#include "core/storage.hpp"
 
 namespace opforge {
 namespace {

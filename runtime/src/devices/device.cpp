@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "cpu_devices.hpp"
-#include "gpu_devices.hpp"
+#include "devices/cpu_devices.hpp"
+#include "devices/gpu_devices.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
 
