@@ -113,6 +113,21 @@ void check_elementwise(const EwSpec& s, const KernelGroup& g, const VariantInfo&
   Expected want = ew_expected(s, dt, in);
   Tensor got = run_forced(g, v, [&] { return s.call(in); });
   expect_close(got, want, s.out_dtype(dt), s.tol(dt));
+
+  // The same variant on views the kernel sees with other strides: the first input transposed (a
+  // non-unit innermost stride), the last broadcast along the rows (stride 0). 70 x 70 reaches the
+  // hand schedule's tiled branch; a variant with a large minimum gets a few long rows.
+  const int64_t* m = mins_of(v);
+  int64_t inner = at_least(m[0], 70), rows = at_least(m[1], inner > 70 ? 3 : 70);
+  std::string label = "variant-views/" + v.name;
+  std::vector<Tensor> views =
+      ew_inputs(s, dt, std::vector<Shape>(size_t(s.arity), {rows, inner}), label);
+  views[0] = random({inner, rows}, s.input_dtype(0, dt), s.data[0], label + "/t").transpose(0, 1);
+  if (s.arity >= 2)
+    views.back() = random({inner}, s.input_dtype(s.arity - 1, dt), s.data.back(), label + "/b");
+  Expected want_views = ew_expected(s, dt, views);
+  Tensor got_views = run_forced(g, v, [&] { return s.call(views); });
+  expect_close(got_views, want_views, s.out_dtype(dt), s.tol(dt));
 }
 
 void check_cast(const KernelGroup& g, const VariantInfo& v) {
