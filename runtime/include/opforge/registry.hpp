@@ -31,7 +31,7 @@ struct KernelGroup {
   std::vector<BufferSpec> buffers;  // the kernels' buffers in declared order (kernel_abi.hpp)
   uint32_t id = 0;                  // dense index, for the performance model's keys
   // Bit i set: variant i runs on that device kind (indexed by DeviceKind).
-  uint32_t kind_mask[3] = {0, 0, 0};
+  uint64_t kind_mask[3] = {0, 0, 0};
 };
 
 struct OpInfo {

@@ -41,20 +41,24 @@ struct Decision {
   // How long the call will hold its device: the copies, then the run.
   double occupies() const { return transfer + predicted; }
   uint64_t key = 0;
+  uint64_t variants = 0;  // the candidate's variant set on the chosen device (the entry's key)
   uint64_t generation = 0;
   std::vector<PlacementCost> costs;  // filled when asked to explain
 };
 
+// The most variants one kernel group may have (the variant sets are 64-bit masks).
+inline constexpr int kMaxVariants = 64;
+
 class Scheduler {
  public:
   // A device that may run the call and the variants it may use: bit i set = variant i of the
-  // kernel group (at most 32).
+  // kernel group (at most 64, kMaxVariants).
   struct Candidate {
     int device = 0;
-    uint32_t variants = 0;
+    uint64_t variants = 0;
   };
 
-  explicit Scheduler(int max_devices = 64);
+  explicit Scheduler(int max_devices = 256);
 
   void set_policy(const DispatchPolicy& p);  // clears the model
   DispatchPolicy policy() const;
@@ -114,7 +118,7 @@ class Scheduler {
     bool running = false;
     double running_predicted = 0, running_start = 0;
   };
-  Entry& entry(uint64_t key, int device, uint32_t variants);
+  Entry& entry(uint64_t key, int device, uint64_t variants);
   void publish(Entry& e);  // updates what the lock-free path reads
   bool decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
                    Decision& d);
@@ -128,10 +132,25 @@ class Scheduler {
   DispatchPolicy policy_;
   std::atomic<int> retime_every_{DispatchPolicy{}.retime_every};
   std::atomic<int> explore_every_{DispatchPolicy{}.explore_every};
-  std::unordered_map<uint64_t, Entry> model_;  // by bucket key ^ device
+  // An entry is a bucket on a device with the set of variants the call may use there (a bucket
+  // spans calls on both sides of a variant's minimum, so the set is part of the key).
+  struct ModelKey {
+    uint64_t bucket, variants;
+    int device;
+    bool operator==(const ModelKey&) const = default;
+  };
+  struct ModelKeyHash {
+    size_t operator()(const ModelKey& k) const {
+      return std::hash<uint64_t>()(k.bucket ^ (k.variants * 0x9E3779B97F4A7C15ull) ^
+                                   (uint64_t(k.device) << 40));
+    }
+  };
+  using Model = std::unordered_map<ModelKey, Entry, ModelKeyHash>;
+  Entry* find_entry(const Decision& d);
+  Model model_;
   // Models a reset replaced: the lock-free path may still hold pointers into them (it checks the
   // generation before it uses one), so their entries are never freed.
-  std::vector<std::unordered_map<uint64_t, Entry>> retired_;
+  std::vector<Model> retired_;
   std::vector<DeviceState> devices_;
   std::vector<std::atomic<double>> loads_;  // DeviceState::load, for the lock-free path
   std::atomic<uint64_t> generation_{0};

@@ -19,12 +19,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/storage.hpp"
 #include "devices/cpu_devices.hpp"
-#include "dispatch/device_queue.hpp"
 #include "devices/gpu_devices.hpp"
+#include "dispatch/device_queue.hpp"
 #include "kernels/kernel_call.hpp"
 #include "opforge/error.hpp"
-#include "core/storage.hpp"
 
 namespace opforge {
 namespace {
@@ -271,11 +271,11 @@ double now_seconds(const Clock& clock) { return clock ? clock() : steady_seconds
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
-// Group (16 bits) | which variants accept these extents (12 bits) | log2 bucket of each extent
-// (5 bits each). The acceptance mask is part of the key because a bucket spans extents on both
-// sides of a variant's minimum. The scheduler adds the device in the top 6 bits.
-uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext, uint32_t accepted) {
-  uint64_t key = (uint64_t(g.id & 0xFFFF) << 42) | (uint64_t(accepted & 0xFFF) << 30);
+// Group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler adds the device in
+// the top 6 bits and keys its entries by the candidates' variant sets too: a bucket spans extents
+// on both sides of a variant's minimum, so which variants accept the call is part of the entry.
+uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
+  uint64_t key = uint64_t(g.id & 0xFFFFFF) << 30;
   for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;
 }
@@ -297,24 +297,24 @@ std::string extents_str(const CallExtents& ext) {
 }
 
 // The variants whose declared minimum the call meets, as a bit mask.
-uint32_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
-  uint32_t mask = 0;
+uint64_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
+  uint64_t mask = 0;
   for (size_t i = 0; i < g.variants.size(); i++)
-    if (variant_accepts(g.variants[i], ext)) mask |= uint32_t(1) << i;
+    if (variant_accepts(g.variants[i], ext)) mask |= uint64_t(1) << i;
   return mask;
 }
 
 // The variants that may run the call: the accepted ones the forced name selects.
-uint32_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint32_t accepted,
+uint64_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint64_t accepted,
                            const std::string& forced) {
-  uint32_t mask = accepted;
+  uint64_t mask = accepted;
   if (!forced.empty()) {
     // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
     bool exact = std::any_of(g.variants.begin(), g.variants.end(),
                              [&](const VariantInfo& v) { return v.name == forced; });
     for (size_t i = 0; i < g.variants.size(); i++) {
       const std::string& name = g.variants[i].name;
-      if (exact ? name != forced : !matches_forced(name, forced)) mask &= ~(uint32_t(1) << i);
+      if (exact ? name != forced : !matches_forced(name, forced)) mask &= ~(uint64_t(1) << i);
     }
   }
   if (mask == 0) {
@@ -455,12 +455,12 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     forced = s.forced;
     clock = s.clock;
   }
-  uint32_t accepted = accept_mask(g, ext);
-  uint32_t variants = eligible_variants(g, ext, accepted, forced);
+  uint64_t accepted = accept_mask(g, ext);
+  uint64_t variants = eligible_variants(g, ext, accepted, forced);
   cands.clear();
   for (int d : devs) {
     const ExecDevice& dev = *s.devices[size_t(d)];
-    uint32_t mine = variants & g.kind_mask[int(dev.device.kind)];
+    uint64_t mine = variants & g.kind_mask[int(dev.device.kind)];
     if (!mine) continue;
     // Load matters where there is a choice of device. Injected time (tests) has nothing to do
     // with this machine's load.
@@ -490,8 +490,8 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
         if (d != e->queue())
           inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
     }
-  Decision d = s.sched.decide(bucket_key(g, ext, accepted), cands, transfer_times(s, args, cands),
-                              now, s.log, inputs_ready);
+  Decision d = s.sched.decide(bucket_key(g, ext), cands, transfer_times(s, args, cands), now, s.log,
+                              inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   thread_stats()
       .at(stats_key(g, d.variant, d.device))

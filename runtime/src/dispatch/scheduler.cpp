@@ -8,8 +8,6 @@
 namespace opforge {
 namespace {
 
-constexpr int kDeviceShift = 58;  // bucket keys leave their top 6 bits for the device
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -23,14 +21,16 @@ double median(std::vector<double> v) {
 struct FastSlot {
   const Scheduler* owner = nullptr;
   uint64_t generation = 0, key = 0;
-  uint32_t variants = 0;
+  int device = -1;
+  uint64_t variants = 0;
   void* entry = nullptr;
   uint64_t calls = 0;  // this thread's calls of the entry: it re-times every retime_every
 };
 constexpr size_t kFastSlots = 64;
-FastSlot& fast_slot(uint64_t key, uint32_t variants) {
+FastSlot& fast_slot(uint64_t key, int device, uint64_t variants) {
   thread_local FastSlot slots[kFastSlots];
-  uint64_t h = (key ^ (uint64_t(variants) * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+  uint64_t h =
+      (key ^ (variants * 0x9E3779B97F4A7C15ull) ^ (uint64_t(device) << 40)) * 0xBF58476D1CE4E5B9ull;
   return slots[(h >> 58) % kFastSlots];
 }
 
@@ -74,12 +74,12 @@ const Scheduler::DeviceState* Scheduler::find_dev(int d) const {
   return d >= 0 && d < int(devices_.size()) ? &devices_[size_t(d)] : nullptr;
 }
 
-Scheduler::Entry& Scheduler::entry(uint64_t key, int device, uint32_t variants) {
-  uint64_t k = key | (uint64_t(device) << kDeviceShift);
+Scheduler::Entry& Scheduler::entry(uint64_t key, int device, uint64_t variants) {
+  ModelKey k{key, variants, device};
   auto [it, created] = model_.try_emplace(k);
   Entry& e = it->second;
   if (created) {
-    for (int v = 0; v < 32; v++)
+    for (int v = 0; v < kMaxVariants; v++)
       if ((variants >> v) & 1) e.variants.push_back(v);
     e.stats.resize(e.variants.size());
     publish(e);
@@ -98,15 +98,16 @@ void Scheduler::publish(Entry& e) {
 
 bool Scheduler::decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
                             Decision& d) {
-  uint64_t k = key | (uint64_t(c.device) << kDeviceShift);
-  FastSlot& f = fast_slot(k, c.variants);
+  FastSlot& f = fast_slot(key, c.device, c.variants);
   uint64_t gen = generation_.load(std::memory_order_acquire);
-  if (f.owner != this || f.generation != gen || f.key != k || f.variants != c.variants)
+  if (f.owner != this || f.generation != gen || f.key != key || f.device != c.device ||
+      f.variants != c.variants)
     return false;
   const Entry& e = *static_cast<const Entry*>(f.entry);
   int v = e.fast_variant.load(std::memory_order_acquire);
   if (v < 0) return false;
   uint64_t n = ++f.calls;
+  d.variants = c.variants;
   // Exploring another variant goes through the lock, as it chooses among them.
   if (n % uint64_t(explore_every_.load(std::memory_order_relaxed)) == 0) return false;
   d.key = key;
@@ -134,19 +135,23 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
                            const std::vector<double>& transfer, double now, bool explain,
                            const std::vector<double>& inputs_ready) {
   OPFORGE_CHECK(!cands.empty()) << "scheduler: no candidate device";
-  OPFORGE_CHECK((key >> kDeviceShift) == 0) << "scheduler: bucket key uses the device bits";
   Decision d;
   // A call with no choice of device on a known bucket: no lock (the common inline CPU call).
   const bool single = cands.size() == 1 && !explain;
   if (single && decide_fast(key, cands[0], transfer, d)) return d;
+  // The chosen device's variant set: with the bucket key, it names the entry.
+  auto chosen_set = [&](Decision& r) -> Decision& {
+    for (const auto& c : cands)
+      if (c.device == r.device) r.variants = c.variants;
+    return r;
+  };
   std::lock_guard<std::mutex> lock(mu_);
   if (single) {
     // Remembered for the lock-free path of this thread's next calls.
-    FastSlot& f = fast_slot(key | (uint64_t(cands[0].device) << kDeviceShift), cands[0].variants);
+    FastSlot& f = fast_slot(key, cands[0].device, cands[0].variants);
     Entry& e = entry(key, cands[0].device, cands[0].variants);
     if (f.entry != &e || f.owner != this || f.generation != generation_) f.calls = e.calls;
-    f = {this, generation_, key | (uint64_t(cands[0].device) << kDeviceShift), cands[0].variants,
-         &e,   f.calls};
+    f = {this, generation_, key, cands[0].device, cands[0].variants, &e, f.calls};
   }
   d.key = key;
   d.generation = generation_;
@@ -173,7 +178,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     // Every variant failed everywhere: run the first again, untimed, so that the caller sees why.
     d.device = cands[0].device;
     while (!((cands[0].variants >> d.variant) & 1)) d.variant++;
-    return d;
+    return chosen_set(d);
   }
   if (cal) {
     int slot = cal->calibration_issued++ % int(cal->variants.size());
@@ -182,7 +187,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     d.variant = cal->variants[size_t(slot)];
     d.timed = d.calibrating = true;
     if (size_t(cal_device) < transfer.size()) d.transfer = transfer[size_t(cal_device)];
-    return d;
+    return chosen_set(d);
   }
 
   double best_completion = 0;
@@ -240,7 +245,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   }
   d.variant = e.variants[size_t(slot)];
   if (slot != e.best) d.predicted = e.stats[size_t(slot)].estimate * dev(d.device).load;
-  return d;
+  return chosen_set(d);
 }
 
 void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, bool exploring) {
@@ -298,13 +303,18 @@ void Scheduler::end_queued(const Decision& d, bool was_enqueued) {
   }
 }
 
+Scheduler::Entry* Scheduler::find_entry(const Decision& d) {
+  auto it = model_.find({d.key, d.variants, d.device});
+  return it == model_.end() ? nullptr : &it->second;
+}
+
 void Scheduler::failed(const Decision& d, bool was_enqueued) {
   std::lock_guard<std::mutex> lock(mu_);
   end_queued(d, was_enqueued);
   if (d.generation != generation_) return;
-  auto it = model_.find(d.key | (uint64_t(d.device) << kDeviceShift));
-  if (it == model_.end()) return;
-  Entry& e = it->second;
+  Entry* found = find_entry(d);
+  if (!found) return;
+  Entry& e = *found;
   auto pos = std::find(e.variants.begin(), e.variants.end(), d.variant);
   if (pos == e.variants.end()) return;
   size_t slot = size_t(pos - e.variants.begin());
@@ -326,9 +336,9 @@ void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
   DeviceState& s = dev(d.device);
   end_queued(d, was_enqueued);
   if (!d.timed || d.generation != generation_) return;
-  auto it = model_.find(d.key | (uint64_t(d.device) << kDeviceShift));
-  if (it == model_.end()) return;
-  Entry& e = it->second;
+  Entry* found = find_entry(d);
+  if (!found) return;
+  Entry& e = *found;
   auto pos = std::find(e.variants.begin(), e.variants.end(), d.variant);
   if (pos == e.variants.end()) return;
   record(e, int(pos - e.variants.begin()), seconds / s.load, d.calibrating, d.exploring);
@@ -360,11 +370,12 @@ int Scheduler::queue_length(int device) const {
 
 double Scheduler::estimate(uint64_t key, int device, int variant) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = model_.find(key | (uint64_t(device) << kDeviceShift));
-  if (it == model_.end()) return 0;
-  const Entry& e = it->second;
-  for (size_t i = 0; i < e.variants.size(); i++)
-    if (e.variants[i] == variant) return e.stats[i].estimate;
+  // Whichever variant set the bucket was entered with on that device.
+  for (const auto& [k, e] : model_) {
+    if (k.bucket != key || k.device != device) continue;
+    for (size_t i = 0; i < e.variants.size(); i++)
+      if (e.variants[i] == variant) return e.stats[i].estimate;
+  }
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "opforge/error.hpp"
+#include "opforge/scheduler.hpp"
 
 namespace opforge {
 namespace detail {
@@ -121,15 +122,15 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       return v.name == k.variant && v.kind == kind;
     });
     if (it == g.variants.end()) {
-      // The dispatcher's bucket key holds which variants accept a call in 12 bits.
-      OPFORGE_CHECK(g.variants.size() < 12)
-          << k.op << " (" << k.dtype_key << "): more than 12 kernel variants";
+      // Variant sets are 64-bit masks (scheduler.hpp).
+      OPFORGE_CHECK(g.variants.size() < size_t(kMaxVariants))
+          << k.op << " (" << k.dtype_key << "): more than " << kMaxVariants << " kernel variants";
       VariantInfo v;
       v.name = k.variant;
       v.kernel = &k;
       v.kind = kind;
       v.num_extents = call_extent_count(op);
-      g.kind_mask[int(kind)] |= uint32_t(1) << g.variants.size();
+      g.kind_mask[int(kind)] |= uint64_t(1) << g.variants.size();
       g.variants.push_back(v);
     } else if (target_rank(it->kernel->target) < rank) {
       it->kernel = &k;
