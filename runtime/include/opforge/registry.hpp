@@ -1,6 +1,7 @@
 // The registry of generated kernels, grouped as op -> dtype -> variants, and what the command line
-// and tests read from it. Filled by the generated registry sources (kernel_abi.hpp); for each
-// variant the best CPU feature level this machine supports is kept.
+// and tests read from it. Filled by the generated registry sources (kernel_abi.hpp), and by any
+// later register_kernels() call; for each variant the best CPU feature level this machine supports
+// is kept. Readers see a published snapshot without taking a lock; what they get stays valid.
 #pragma once
 #include <iterator>
 #include <map>

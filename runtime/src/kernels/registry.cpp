@@ -5,7 +5,10 @@
 #include <HalideRuntime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -41,9 +44,21 @@ int cpu_rank() {
   return rank;
 }
 
+// What readers see: every op by name and every kernel group by id, published whole. A
+// registration copies the ops it changes, builds a new snapshot and publishes it with one atomic
+// store, so a reader never takes a lock and never sees half a registration. Every version of an
+// op and every snapshot stays alive for the process's lifetime: a reader (or a function-local
+// `static const OpInfo&`) may hold any of them.
+struct Snapshot {
+  std::map<std::string, const OpInfo*> ops;
+  std::vector<const KernelGroup*> groups;  // by KernelGroup::id
+};
+
 struct Registry {
-  std::mutex mu;
-  std::map<std::string, OpInfo> ops;
+  std::mutex mu;  // serialises registrations
+  std::deque<std::unique_ptr<OpInfo>> ops;
+  std::deque<std::unique_ptr<Snapshot>> snapshots;
+  std::atomic<const Snapshot*> current{nullptr};
   uint32_t next_group = 0;
 };
 
@@ -68,17 +83,36 @@ Registry& registry() {
   return registry_storage();
 }
 
+const Snapshot& snapshot() {
+  static const Snapshot empty;
+  const Snapshot* s = registry().current.load(std::memory_order_acquire);
+  return s ? *s : empty;
+}
+
 }  // namespace
 
 void register_kernels(const KernelVariant* variants, size_t count) {
   Registry& r = registry_storage();
   std::lock_guard<std::mutex> lock(r.mu);
+  const Snapshot* old = r.current.load(std::memory_order_relaxed);
+  auto snap = std::make_unique<Snapshot>(old ? *old : Snapshot{});
+  std::map<std::string, OpInfo*> changed;  // fresh copies of the ops this registration touches
+  auto writable = [&](const char* name) -> OpInfo& {
+    if (auto it = changed.find(name); it != changed.end()) return *it->second;
+    auto copy = std::make_unique<OpInfo>();
+    if (auto it = snap->ops.find(name); it != snap->ops.end()) *copy = *it->second;
+    OpInfo* op = copy.get();
+    r.ops.push_back(std::move(copy));
+    changed[name] = op;
+    snap->ops[name] = op;
+    return *op;
+  };
   for (size_t i = 0; i < count; i++) {
     const KernelVariant& k = variants[i];
     DeviceKind kind = target_device_kind(k.target);
     int rank = target_rank(k.target);
     if (kind == DeviceKind::cpu && (rank == 0 || rank > cpu_rank())) continue;
-    OpInfo& op = r.ops[k.op];
+    OpInfo& op = writable(k.op);
     OPFORGE_CHECK(k.buffers && k.num_buffers > 0 && k.num_buffers <= kMaxKernelBuffers)
         << k.op << " (" << k.dtype_key << ", variant " << k.variant << "): " << k.num_buffers
         << " buffers; a kernel has 1 to " << kMaxKernelBuffers;
@@ -106,8 +140,6 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       OPFORGE_CHECK(r.next_group < 0xFFFF) << "more than 65535 kernel groups";
       g.id = r.next_group++;
       g.buffers.assign(k.buffers, k.buffers + k.num_buffers);
-      for (DType d : kAllDTypes)
-        if (g.dtype_key == dtype_name(d)) op.by_dtype[size_t(d)] = &g;
     }
     // Every variant of a group shares the group's buffer contract; one that differs is a build
     // fault, refused here rather than called with the wrong arguments.
@@ -136,6 +168,20 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       it->kernel = &k;
     }
   }
+  // The copies' groups point back at the copy, and its by-dtype index at its own groups.
+  for (auto& [name, op] : changed) {
+    for (auto& b : op->by_dtype) b = nullptr;
+    for (auto& [key, g] : op->groups) {
+      g.op = op;
+      for (DType d : kAllDTypes)
+        if (key == dtype_name(d)) op->by_dtype[size_t(d)] = &g;
+    }
+  }
+  snap->groups.assign(r.next_group, nullptr);
+  for (const auto& [name, op] : snap->ops)
+    for (const auto& [key, g] : op->groups) snap->groups[g.id] = &g;
+  r.snapshots.push_back(std::move(snap));
+  r.current.store(r.snapshots.back().get(), std::memory_order_release);
 }
 
 bool VariantInfo::has_minimum() const {
@@ -164,29 +210,27 @@ std::vector<std::string> OpInfo::dtype_keys() const {
 }
 
 const OpInfo* find_op(const std::string& name) {
-  Registry& r = registry();
-  auto it = r.ops.find(name);
-  return it == r.ops.end() ? nullptr : &it->second;
+  const Snapshot& s = snapshot();
+  auto it = s.ops.find(name);
+  return it == s.ops.end() ? nullptr : it->second;
 }
 
 const OpInfo& op_info(const std::string& name) {
   if (const OpInfo* op = find_op(name)) return *op;
   std::ostringstream known;
-  for (const auto& [n, op] : registry().ops) known << (known.tellp() ? ", " : "") << n;
+  for (const auto& [n, op] : snapshot().ops) known << (known.tellp() ? ", " : "") << n;
   OPFORGE_CHECK(false) << "unknown op '" << name << "'; registered ops: " << known.str();
   __builtin_unreachable();
 }
 
 const KernelGroup* kernel_group(uint32_t id) {
-  for (const auto& [n, op] : registry().ops)
-    for (const auto& [key, g] : op.groups)
-      if (g.id == id) return &g;
-  return nullptr;
+  const Snapshot& s = snapshot();
+  return id < s.groups.size() ? s.groups[id] : nullptr;
 }
 
 std::vector<const OpInfo*> all_ops() {
   std::vector<const OpInfo*> v;
-  for (const auto& [n, op] : registry().ops) v.push_back(&op);
+  for (const auto& [n, op] : snapshot().ops) v.push_back(op);
   return v;
 }
 
