@@ -42,11 +42,10 @@ Cache& cache() {
 // no lock another thread's ops take. Blocks go back to the shared cache when the thread ends.
 constexpr size_t kThreadClasses = 11;  // 64 B ... 64 KiB, the small power-of-two classes
 constexpr int kThreadBlocks = 4;
+// The class of a block of `capacity` bytes (a size class: 64 << k), -1 beyond the small ones.
 int thread_class(size_t capacity) {
   if (capacity > (size_t(64) << (kThreadClasses - 1))) return -1;
-  int c = 0;
-  for (size_t s = 64; s < capacity; s <<= 1) c++;
-  return (size_t(64) << c) == capacity ? c : -1;
+  return __builtin_ctzll(capacity) - 6;
 }
 void host_free_shared(void* p, size_t capacity);
 struct ThreadBlocks {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "devices/gpu_devices.hpp"
 #include "core/storage.hpp"
+#include "devices/gpu_devices.hpp"
 
 namespace opforge::detail {
 
@@ -97,6 +97,14 @@ DType dtype_of_halide(const halide_type_t& t) {
 }  // namespace
 
 void KernelArgs::check(const KernelGroup& g) const {
+  // The per-call path compares; only a mismatch builds a message.
+  bool ok = size_t(nb_) == g.buffers.size();
+  for (int b = 0; ok && b < nb_; b++) {
+    const BufferSpec& want = g.buffers[size_t(b)];
+    ok = roles_[size_t(b)] == want.role && bufs_[size_t(b)].b.type == halide_type_of(want.dtype) &&
+         bufs_[size_t(b)].b.dimensions == want.dims;
+  }
+  if (ok) return;
   const std::string& op = g.op->name;
   OPFORGE_CHECK(size_t(nb_) == g.buffers.size())
       << op << " (" << g.dtype_key << "): the call passes " << nb_ << " buffers, the kernel takes "
@@ -281,34 +289,16 @@ bool collapse(const Shape& shape, std::span<const Shape* const> strides, std::sp
   return true;
 }
 
-Shape broadcast_shapes(const char* op, std::span<const Tensor> inputs) {
-  // Without building a list of shapes (the per-call path); the error path builds one to report.
+namespace {
+// NumPy broadcasting over any list of shapes; shape_of(k) is the k-th. Builds nothing but the
+// result (the per-call path); the error names every shape.
+template <class ShapeOf>
+Shape broadcast(const char* op, size_t n, const ShapeOf& shape_of) {
   size_t rank = 0;
-  for (const Tensor& t : inputs) rank = std::max(rank, t.shape().size());
+  for (size_t k = 0; k < n; k++) rank = std::max(rank, shape_of(k).size());
   Shape out(rank, 1);
-  for (const Tensor& t : inputs) {
-    const Shape& s = t.shape();
-    size_t lead = rank - s.size();
-    for (size_t i = 0; i < s.size(); i++) {
-      int64_t& o = out[lead + i];
-      if (s[i] == o || s[i] == 1) continue;
-      if (o != 1) {
-        std::vector<Shape> shapes;
-        for (const auto& x : inputs) shapes.push_back(x.shape());
-        return broadcast_shapes(op, shapes);  // raises the error naming every shape
-      }
-      o = s[i];
-    }
-  }
-  return out;
-}
-
-Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
-  size_t rank = 0;
-  for (const auto& s : inputs) rank = std::max(rank, s.size());
-  Shape out(rank, 1);
-  for (size_t k = 0; k < inputs.size(); k++) {
-    const Shape& s = inputs[k];
+  for (size_t k = 0; k < n; k++) {
+    const Shape& s = shape_of(k);
     size_t lead = rank - s.size();
     for (size_t i = 0; i < s.size(); i++) {
       int64_t& o = out[lead + i];
@@ -318,14 +308,22 @@ Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
         continue;
       }
       std::ostringstream shapes;
-      for (size_t j = 0; j < inputs.size(); j++)
-        shapes << (j ? " and " : "") << shape_str(inputs[j]);
+      for (size_t j = 0; j < n; j++) shapes << (j ? " and " : "") << shape_str(shape_of(j));
       OPFORGE_CHECK(false) << op << ": cannot broadcast shapes " << shapes.str() << ": argument "
                            << k << " has size " << s[i] << " in dimension " << lead + i << " where "
                            << o << " is expected (or 1)";
     }
   }
   return out;
+}
+}  // namespace
+
+Shape broadcast_shapes(const char* op, std::span<const Tensor> inputs) {
+  return broadcast(op, inputs.size(), [&](size_t k) -> const Shape& { return inputs[k].shape(); });
+}
+
+Shape broadcast_shapes(const char* op, const std::vector<Shape>& inputs) {
+  return broadcast(op, inputs.size(), [&](size_t k) -> const Shape& { return inputs[k]; });
 }
 
 CallExtents extents_of(const View& v) {
