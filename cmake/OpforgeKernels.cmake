@@ -21,6 +21,32 @@ if(NOT DEFINED OPFORGE_CUDA_KERNELS)
   endif()
 endif()
 
+# The content-addressed kernel cache (generators/kernel_cache.hpp). Like ccache's, it lives outside
+# the build folder by default, so a new build folder or a clean rebuild reuses every kernel whose
+# op, schedule, target and compiler are unchanged. Empty: no cache.
+if(NOT DEFINED OPFORGE_KERNEL_CACHE)
+  if(DEFINED ENV{OPFORGE_KERNEL_CACHE})
+    set(default_cache $ENV{OPFORGE_KERNEL_CACHE})
+  elseif(DEFINED ENV{XDG_CACHE_HOME})
+    set(default_cache $ENV{XDG_CACHE_HOME}/opforge/kernels)
+  elseif(DEFINED ENV{HOME})
+    set(default_cache $ENV{HOME}/.cache/opforge/kernels)
+  else()
+    set(default_cache ${CMAKE_BINARY_DIR}/kernel-cache)
+  endif()
+  set(OPFORGE_KERNEL_CACHE ${default_cache} CACHE PATH "Kernel cache folder (empty: none)")
+endif()
+set(OPFORGE_KERNEL_CACHE_MAX_MB 4096 CACHE STRING "Size above which the kernel cache drops its least recently used kernels")
+# What every kernel's cache key includes besides its op's definition: the sources that schedule
+# and compile kernels, and the Halide library (by size and time).
+set(abi_globs)
+foreach(dir ${OPFORGE_DSL_INCLUDE_DIRS})
+  list(APPEND abi_globs ${dir}/opforge/kernel_abi.hpp)
+endforeach()
+file(GLOB OPFORGE_KERNEL_KEY_FILES CONFIGURE_DEPENDS ${OPFORGE_GENERATOR_ROOT}/schedules/*.hpp
+     ${OPFORGE_GENERATOR_ROOT}/generators/*.hpp ${OPFORGE_GENERATOR_ROOT}/generators/*.cpp
+     ${abi_globs})
+
 # opforge_kernel_compiler(NAME OPS_HEADER header OPS_TABLE expr [INCLUDE_DIRS dirs...])
 function(opforge_kernel_compiler name)
   cmake_parse_arguments(A "" "OPS_HEADER;OPS_TABLE" "INCLUDE_DIRS" ${ARGN})
@@ -33,6 +59,22 @@ function(opforge_kernel_compiler name)
                                              OPFORGE_OPS_TABLE=${A_OPS_TABLE})
   target_compile_features(${name} PRIVATE cxx_std_20)
   target_link_libraries(${name} PRIVATE Halide::Halide Boost::headers)
+endfunction()
+
+# opforge_kernel_outputs(DIR dir UNIT name OBJECTS out_var REGISTRY out_var): the files one unit's
+# compiler run leaves in `dir`: an object per target and the registry source.
+function(opforge_kernel_outputs)
+  cmake_parse_arguments(A "" "DIR;UNIT;OBJECTS;REGISTRY" "" ${ARGN})
+  set(objects)
+  set(targets avx512 avx2 sse41 opencl)
+  if(OPFORGE_CUDA_KERNELS)
+    list(APPEND targets cuda)
+  endif()
+  foreach(t ${targets})
+    list(APPEND objects ${A_DIR}/${A_UNIT}.${t}.o)
+  endforeach()
+  set(${A_OBJECTS} ${objects} PARENT_SCOPE)
+  set(${A_REGISTRY} ${A_DIR}/${A_UNIT}.registry.cpp PARENT_SCOPE)
 endfunction()
 
 # opforge_compile_kernels(COMPILER exe FAMILY f UNIT name [SHARD i SHARDS n] [PREFIX p] [STATIC_INIT]
@@ -50,20 +92,23 @@ function(opforge_compile_kernels)
   endif()
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/kernels)
   file(MAKE_DIRECTORY ${dir})
-  set(objects ${dir}/${A_UNIT}.avx512.o ${dir}/${A_UNIT}.avx2.o ${dir}/${A_UNIT}.sse41.o
-              ${dir}/${A_UNIT}.opencl.o)
+  opforge_kernel_outputs(DIR ${dir} UNIT ${A_UNIT} OBJECTS objects REGISTRY registry)
   set(flags)
   if(OPFORGE_CUDA_KERNELS)
-    list(APPEND objects ${dir}/${A_UNIT}.cuda.o)
     list(APPEND flags --cuda)
   endif()
-  set(registry ${dir}/${A_UNIT}.registry.cpp)
   if(A_STATIC_INIT)
     list(APPEND flags --static-init)
   endif()
   if(OPFORGE_VARIANTS)
     list(APPEND flags --variants ${OPFORGE_VARIANTS})
   endif()
+  if(OPFORGE_KERNEL_CACHE)
+    list(APPEND flags --cache ${OPFORGE_KERNEL_CACHE} --cache-max-mb ${OPFORGE_KERNEL_CACHE_MAX_MB})
+  endif()
+  foreach(f ${OPFORGE_KERNEL_KEY_FILES} $<TARGET_FILE:Halide::Halide>)
+    list(APPEND flags --key-file ${f})
+  endforeach()
   # The autoschedulers print their search; keep it in a log and show it only on failure.
   # Adams2019 runs greedily (beam 1): a beam of 8 costs 40 s per conv kernel and target.
   set(log ${dir}/${A_UNIT}.log)
@@ -75,7 +120,7 @@ function(opforge_compile_kernels)
             --unit ${A_UNIT} --prefix ${A_PREFIX} --out ${dir}
             --adams $<TARGET_FILE:Halide::Adams2019> --mullapudi $<TARGET_FILE:Halide::Mullapudi2016>
             --li2018 $<TARGET_FILE:Halide::Li2018> --linker ${CMAKE_LINKER} ${flags}
-    DEPENDS ${A_COMPILER}
+    DEPENDS ${A_COMPILER} ${OPFORGE_KERNEL_KEY_FILES}
     COMMENT "Generating ${A_FAMILY} kernels (${A_UNIT})"
     VERBATIM)
   set(${A_OBJECTS} ${objects} PARENT_SCOPE)

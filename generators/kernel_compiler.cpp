@@ -1,7 +1,8 @@
-// opforge-kc: the build-time kernel compiler. One process loads Halide once and compiles one shard
-// of one family's ops (every op x dtype x schedule variant x CPU target) into one object file
-// per target, plus the C++ source of their registry entries. The op table comes from the header
-// named by OPFORGE_OPS_HEADER (the built-in library's, or a user's for opforge_add_ops).
+// opforge-kc: the build-time kernel compiler. One process loads Halide once and builds one shard
+// of one family's ops: every op x dtype x schedule variant x target, each kernel compiled alone
+// or taken from the content-addressed cache (kernel_cache.hpp), joined into one object file per
+// target, plus the C++ source of their registry entries. The op table comes from the header named
+// by OPFORGE_OPS_HEADER (the built-in library's, or a user's for opforge_add_ops).
 #include <Halide.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "generators/kernel_cache.hpp"
 #include "generators/pipelines.hpp"
 #include "schedules/alias_safe.hpp"
 #include "schedules/cpu_manual.hpp"
@@ -33,7 +35,10 @@ struct Options {
   std::string linker = "ld";  // joins the GPU pipelines' objects (see below)
   std::string only_variants;  // comma list; empty = all
   bool static_init = false;
-  bool cuda = false;  // also compile for CUDA
+  bool cuda = false;      // also compile for CUDA
+  std::string cache_dir;  // kernel_cache.hpp; empty: no cache
+  uintmax_t cache_max_bytes = 4ull << 30;
+  std::vector<std::string> key_files;  // sources every kernel's key includes
 };
 
 // One (op, dtype) of the requested family, built anew for each variant and target because a
@@ -143,19 +148,26 @@ int run(const Options& opt) {
     std::vector<schedules::Variant> variants;
   };
   std::vector<TargetVariants> jobs;
-  for (const auto& t : schedules::cpu_targets())
-    jobs.push_back({t, schedules::variants_for(family)});
+  for (const auto& t : schedules::cpu_targets()) {
+    jobs.push_back({t, {}});
+    for (const auto& v : schedules::variants_for(family))
+      if (!t.hand_schedules_only || v.scheduler == schedules::Scheduler::manual)
+        jobs.back().variants.push_back(v);
+  }
   for (const auto& t : schedules::gpu_targets(opt.cuda))
     jobs.push_back({t, schedules::gpu_variants_for(family)});
+  KernelCache cache(opt.cache_dir);
+  std::string sources = files_fingerprint(opt.key_files);
+  int hits = 0, misses = 0;
   for (const auto& [target, variants] : jobs) {
     Halide::Target t(target.halide + (schedules::strict_float(family) ? "-strict_float" : ""));
-    Halide::Module module(sanitize(opt.unit + "_" + target.tag), t);
-    // Halide 14 gives every GPU pipeline's kernel source and module state the same names, so GPU
-    // pipelines cannot share a Module: each gets its own object, joined with `ld -r`.
-    bool gpu = t.has_gpu_feature();
+    // Each kernel is its own object (a cache entry), joined into the unit's object with `ld -r`.
+    // Halide 14 also gives every GPU pipeline's kernel source and module state the same names,
+    // so GPU pipelines could not share a Module anyway.
     std::vector<std::string> parts;
     std::string parts_dir = opt.out_dir + "/" + opt.unit + "." + target.tag + ".parts";
-    if (gpu) std::filesystem::create_directories(parts_dir);
+    std::filesystem::remove_all(parts_dir);
+    std::filesystem::create_directories(parts_dir);
     for (const auto& k : mine) {
       for (const auto& v : variants) {
         if (!opt.only_variants.empty() &&
@@ -166,56 +178,71 @@ int run(const Options& opt) {
         if (!manual && plugin_path(opt, v.scheduler).empty()) continue;
         auto t0 = std::chrono::steady_clock::now();
         Pipeline p = k.build();
-        std::vector<int64_t> min_extents;
-        Halide::Pipeline pipeline(p.out);
         std::string fn =
             sanitize(opt.prefix + "_" + k.op + "_" + k.dtype_key + "_" + v.name + "_" + target.tag);
-        Halide::Module m("", t);
-        try {
-          if (v.scheduler == schedules::Scheduler::manual) {
-            min_extents = schedules::schedule_manual(p, t, v.name);
-          } else if (v.scheduler == schedules::Scheduler::gpu_manual) {
-            min_extents = schedules::schedule_gpu(p);
-          } else {
-            min_extents = p.set_estimates(v.estimate);
-            pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
-                                   Halide::MachineParams(schedules::kMachineParams));
+        std::string key = content_hash(definition_text(p) + "variant " + v.name + "\ntarget " +
+                                       t.to_string() + "\nentry " + fn + "\nsources " + sources +
+                                       "\ncompiler " + __VERSION__ + "\n");
+        if (auto reason = cache.skipped(key)) {
+          fprintf(stderr, "opforge-kc: variant %s left out (cached): %s\n", fn.c_str(),
+                  reason->c_str());
+          continue;
+        }
+        std::string object = parts_dir + "/" + fn + ".o";
+        Halide::Pipeline pipeline(p.out);
+        std::vector<int64_t> min_extents;
+        // Hand schedules are cheap and return the extents a schedule needs; the autoschedulers
+        // (and compiling) are what the cache saves.
+        if (v.scheduler == schedules::Scheduler::manual)
+          min_extents = schedules::schedule_manual(p, t, v.name);
+        else if (v.scheduler == schedules::Scheduler::gpu_manual)
+          min_extents = schedules::schedule_gpu(p);
+        else
+          min_extents = p.set_estimates(v.estimate);
+        bool hit = cache.fetch(key, object);
+        if (!hit) {
+          Halide::Module m("", t);
+          try {
+            if (!manual)
+              pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
+                                     Halide::MachineParams(schedules::kMachineParams));
+            // kernel_abi.hpp: an elementwise output may alias an input of the same view.
+            if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
+            m = pipeline.compile_to_module(p.args, fn, t);
+          } catch (const Halide::CompileError& e) {
+            // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit
+            // atomics that OpenCL lacks): that variant is left out, and the log says so. A hand
+            // schedule that fails is a bug.
+            if (manual) throw;
+            fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
+            cache.store_skip(key, e.what());
+            continue;
           }
-          // kernel_abi.hpp: an elementwise output may alias an input of the same view.
-          if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
-          m = pipeline.compile_to_module(p.args, fn, t);
-        } catch (const Halide::CompileError& e) {
-          // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit atomics
-          // that OpenCL lacks): that variant is left out, and the log says so. A hand schedule
-          // that fails is a bug.
-          if (manual) throw;
-          fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
-          continue;
+          if (std::string missing = unresolved_ptx_call(m, t); !missing.empty()) {
+            std::string reason =
+                "its PTX calls a C library function the CUDA driver cannot "
+                "resolve (" +
+                missing + ")";
+            fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), reason.c_str());
+            cache.store_skip(key, reason);
+            continue;
+          }
+          m.compile({{Halide::OutputFileType::object, object}});
+          cache.store(key, object);
         }
-        if (std::string missing = unresolved_ptx_call(m, t); !missing.empty()) {
-          fprintf(stderr,
-                  "opforge-kc: variant %s left out: its PTX calls a C library function the "
-                  "CUDA driver cannot resolve (%s)\n",
-                  fn.c_str(), missing.c_str());
-          continue;
-        }
-        if (gpu) {
-          parts.push_back(parts_dir + "/" + fn + ".o");
-          m.compile({{Halide::OutputFileType::object, parts.back()}});
-        } else {
-          for (const auto& f : m.functions()) module.append(f);
-          for (const auto& b : m.buffers()) module.append(b);
-        }
+        (hit ? hits : misses)++;
+        parts.push_back(object);
         emitted.push_back({fn, k.op, k.dtype_key, v.name, target.tag, p, min_extents});
         if (getenv("OPFORGE_KC_VERBOSE")) {
           double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          fprintf(stderr, "  %-60s %.2fs\n", fn.c_str(), s);
+          fprintf(stderr, "  %-60s %.2fs%s\n", fn.c_str(), s, hit ? " (cached)" : "");
         }
       }
     }
     std::string object = opt.out_dir + "/" + opt.unit + "." + target.tag + ".o";
     if (parts.empty()) {
-      module.compile({{Halide::OutputFileType::object, object}});
+      Halide::Module(sanitize(opt.unit + "_" + target.tag), t)
+          .compile({{Halide::OutputFileType::object, object}});
     } else {
       std::string cmd = "\"" + opt.linker + "\" -r -o \"" + object + "\"";
       for (const auto& part : parts) cmd += " \"" + part + "\"";
@@ -224,8 +251,11 @@ int run(const Options& opt) {
         return 1;
       }
     }
-    if (gpu) std::filesystem::remove_all(parts_dir);
+    std::filesystem::remove_all(parts_dir);
   }
+  fprintf(stderr, "opforge-kc: %s: %d kernels compiled, %d from the cache (%s)\n", opt.unit.c_str(),
+          misses, hits, cache.enabled() ? opt.cache_dir.c_str() : "no cache");
+  cache.trim(opt.cache_max_bytes);
 
   std::ofstream reg(opt.out_dir + "/" + opt.unit + ".registry.cpp");
   reg << "// Generated by opforge-kc for " << opt.unit << ": do not edit.\n"
@@ -315,6 +345,12 @@ int main(int argc, char** argv) {
       opt.static_init = true;
     else if (a == "--cuda")
       opt.cuda = true;
+    else if (a == "--cache")
+      opt.cache_dir = next();
+    else if (a == "--cache-max-mb")
+      opt.cache_max_bytes = std::stoull(next()) << 20;
+    else if (a == "--key-file")
+      opt.key_files.push_back(next());
     else if (a == "--runtime") {
       // The one Halide runtime every kernel library shares.
       std::string object = next();
@@ -325,7 +361,7 @@ int main(int argc, char** argv) {
       std::cerr << "opforge-kc: unknown argument '" << a << "'\n"
                 << "usage: opforge-kc --family F --unit NAME --out DIR [--shard I --shards N] "
                    "[--adams PLUGIN] [--mullapudi PLUGIN] [--li2018 PLUGIN] [--variants a,b] "
-                   "[--static-init]\n"
+                   "[--static-init] [--cache DIR [--cache-max-mb N]] [--key-file F]...\n"
                    "       opforge-kc --runtime OBJECT\n";
       return 2;
     }
@@ -335,6 +371,9 @@ int main(int argc, char** argv) {
     return run(opt);
   } catch (const Halide::Error& e) {
     std::cerr << "opforge-kc: Halide error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "opforge-kc: " << e.what() << "\n";
     return 1;
   }
 }

@@ -60,6 +60,9 @@ inline std::vector<Variant> gpu_variants_for(dsl::Family f) {
 struct CpuTarget {
   std::string tag;     // what the runtime calls it
   std::string halide;  // Halide target string (no_runtime: one shared runtime is linked)
+  // Only the hand schedules: the baseline level is a fallback for CPUs older than AVX2 (before
+  // 2013), not worth an autoscheduled copy of every kernel.
+  bool hand_schedules_only = false;
 };
 
 // Never `host`: the library runs on machines other than the build machine. `user_context` makes
@@ -68,7 +71,7 @@ inline std::vector<CpuTarget> cpu_targets() {
   return {{"avx512",
            "x86-64-linux-sse41-avx-f16c-fma-avx2-avx512-avx512_skylake-user_context-no_runtime"},
           {"avx2", "x86-64-linux-sse41-avx-f16c-fma-avx2-user_context-no_runtime"},
-          {"sse41", "x86-64-linux-sse41-user_context-no_runtime"}};
+          {"sse41", "x86-64-linux-sse41-user_context-no_runtime", true}};
 }
 
 // GPU targets: host code for the baseline x86 level, device code for the GPU API. `cl_doubles`

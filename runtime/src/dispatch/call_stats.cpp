@@ -1,0 +1,115 @@
+// Per-call statistics: how often each (group, variant, device) ran and how long its timed runs
+// took, counted by each dispatching thread in a table of its own.
+#include <map>
+#include <unordered_map>
+
+#include "dispatch/dispatch_state.hpp"
+
+namespace opforge {
+namespace detail {
+namespace {
+
+struct CallStats {
+  int64_t calls = 0, timed = 0;
+  double seconds = 0;
+};
+
+// How often each (group, variant, device) ran, counted by each dispatching thread in its own table
+// (no lock another thread's calls take; dispatch_stats() sums them). Tables outlive their threads.
+// Only the owner inserts, under `mu`; counters are atomics, so its calls count through a pointer
+// without the lock; a reset zeroes them and never frees an entry.
+struct AtomicCallStats {
+  std::atomic<int64_t> calls{0}, timed{0};
+  std::atomic<double> seconds{0};
+};
+struct ThreadStats {
+  std::mutex mu;                                        // held to insert and by readers
+  std::unordered_map<uint64_t, AtomicCallStats> calls;  // by stats_key
+  uint64_t last_key = ~uint64_t(0);
+  AtomicCallStats* last = nullptr;
+  AtomicCallStats& at(uint64_t key) {
+    if (key == last_key) return *last;
+    std::lock_guard<std::mutex> lock(mu);
+    last_key = key;
+    last = &calls[key];
+    return *last;
+  }
+};
+struct AllThreadStats {
+  std::mutex mu;
+  std::vector<std::shared_ptr<ThreadStats>> threads;
+};
+AllThreadStats& all_thread_stats() {
+  static auto* a = new AllThreadStats;  // never destroyed: threads may count until exit
+  return *a;
+}
+ThreadStats& thread_stats() {
+  thread_local const std::shared_ptr<ThreadStats> mine = [] {
+    auto t = std::make_shared<ThreadStats>();
+    AllThreadStats& all = all_thread_stats();
+    std::lock_guard<std::mutex> lock(all.mu);
+    all.threads.push_back(t);
+    return t;
+  }();
+  return *mine;
+}
+
+uint64_t stats_key(const KernelGroup& g, int variant, int device) {
+  return (uint64_t(g.id) << 24) | (uint64_t(variant) << 8) | uint64_t(device);
+}
+
+}  // namespace
+
+void count_call(const KernelGroup& g, int variant, int device) {
+  thread_stats().at(stats_key(g, variant, device)).calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_time(const KernelGroup& g, int variant, int device, double seconds) {
+  AtomicCallStats& c = thread_stats().at(stats_key(g, variant, device));
+  c.timed.fetch_add(1, std::memory_order_relaxed);
+  c.seconds.fetch_add(seconds, std::memory_order_relaxed);
+}
+
+void reset_call_stats() {
+  AllThreadStats& all = all_thread_stats();
+  std::lock_guard<std::mutex> lock(all.mu);
+  for (const auto& t : all.threads) {
+    std::lock_guard<std::mutex> tl(t->mu);
+    for (auto& [key, c] : t->calls) {
+      c.calls = 0;
+      c.timed = 0;
+      c.seconds = 0;
+    }
+  }
+}
+
+}  // namespace detail
+
+std::vector<DispatchStat> dispatch_stats() {
+  detail::State& s = detail::state();
+  std::map<uint64_t, detail::CallStats> sum;  // ordered: by group, variant, device
+  {
+    detail::AllThreadStats& all = detail::all_thread_stats();
+    std::lock_guard<std::mutex> lock(all.mu);
+    for (const auto& t : all.threads) {
+      std::lock_guard<std::mutex> tl(t->mu);
+      for (const auto& [key, c] : t->calls) {
+        detail::CallStats& total = sum[key];
+        total.calls += c.calls.load(std::memory_order_relaxed);
+        total.timed += c.timed.load(std::memory_order_relaxed);
+        total.seconds += c.seconds.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  std::vector<DispatchStat> out;
+  for (const auto& [key, c] : sum) {
+    if (c.calls == 0) continue;
+    const KernelGroup* g = kernel_group(uint32_t(key >> 24));
+    size_t v = (key >> 8) & 0xFFFF, d = key & 0xFF;
+    if (!g || v >= g->variants.size() || d >= s.devices.size()) continue;
+    out.push_back({g->op->name, g->dtype_key, g->variants[v].name, s.devices[d]->device, c.calls,
+                   c.timed ? c.seconds / double(c.timed) : 0});
+  }
+  return out;
+}
+}  // namespace opforge

@@ -1,0 +1,247 @@
+// Placement: the devices a call may run on (device inference, pinning, soft device mode), the
+// variants that may run it, and the choice between them through the scheduler's model.
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <sstream>
+
+#include "core/storage.hpp"
+#include "dispatch/dispatch_state.hpp"
+#include "opforge/error.hpp"
+
+namespace opforge {
+namespace detail {
+namespace {
+
+int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
+
+// Group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler adds the device in
+// the top 6 bits and keys its entries by the candidates' variant sets too: a bucket spans extents
+// on both sides of a variant's minimum, so which variants accept the call is part of the entry.
+uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
+  uint64_t key = uint64_t(g.id & 0xFFFFFF) << 30;
+  for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
+  return key;
+}
+
+bool matches_forced(const std::string& name, const std::string& forced) {
+  return forced.empty() || name == forced || name.rfind(forced + "_", 0) == 0;
+}
+
+std::string extents_str(const CallExtents& ext) {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < ext.n; i++) os << (i ? ", " : "") << ext.e[i];
+  os << ")";
+  return os.str();
+}
+
+// The variants whose declared minimum the call meets, as a bit mask.
+uint64_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
+  uint64_t mask = 0;
+  for (size_t i = 0; i < g.variants.size(); i++)
+    if (variant_accepts(g.variants[i], ext)) mask |= uint64_t(1) << i;
+  return mask;
+}
+
+// The variants that may run the call: the accepted ones the forced name selects.
+uint64_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint64_t accepted,
+                           const std::string& forced) {
+  uint64_t mask = accepted;
+  if (!forced.empty()) {
+    // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
+    bool exact = std::any_of(g.variants.begin(), g.variants.end(),
+                             [&](const VariantInfo& v) { return v.name == forced; });
+    for (size_t i = 0; i < g.variants.size(); i++) {
+      const std::string& name = g.variants[i].name;
+      if (exact ? name != forced : !matches_forced(name, forced)) mask &= ~(uint64_t(1) << i);
+    }
+  }
+  if (mask == 0) {
+    std::ostringstream os;
+    os << g.op->name << " (" << g.dtype_key << "): no variant";
+    if (!forced.empty()) os << " named '" << forced << "'";
+    os << " can run call extents " << extents_str(ext) << "; variants and their minimum extents:";
+    for (const auto& v : g.variants) {
+      os << " " << v.name << "(";
+      for (int i = 0; i < ext.n; i++) os << (i ? "," : "") << v.kernel->min_extents[i];
+      os << ")";
+    }
+    throw Error(os.str());
+  }
+  return mask;
+}
+
+// Seconds to copy what the call reads to each candidate device where it is stale there, at the
+// measured bandwidth of the GPU involved. Empty when nothing needs moving anywhere.
+const std::vector<double>& transfer_times(const State& s, const KernelArgs* args,
+                                          const std::vector<Scheduler::Candidate>& cands) {
+  thread_local std::vector<double> t;
+  t.clear();
+  if (!args || cands.size() < 2) return t;
+  bool any = false;
+  for (int b = 0; b < args->num_buffers() && !any; b++)
+    any = args->reads(b) && args->storage(b) && args->storage(b)->on_gpus();
+  for (const auto& c : cands) any = any || s.devices[size_t(c.device)]->mem;
+  if (!any) return t;
+  double host_bw = 0;  // a host read of GPU data goes at the slowest GPU's speed
+  for (const auto& d : s.devices)
+    if (d->mem) host_bw = host_bw ? std::min(host_bw, d->mem->bandwidth()) : d->mem->bandwidth();
+  t.assign(s.devices.size(), 0.0);
+  for (const auto& c : cands) {
+    const DeviceMemory* mem = s.devices[size_t(c.device)]->mem;
+    size_t bytes = 0;
+    for (int b = 0; b < args->num_buffers(); b++)
+      if (const auto& st = args->storage(b); st && args->reads(b)) bytes += st->stale_bytes(mem);
+    double bw = mem ? mem->bandwidth() : host_bw;
+    if (bytes && bw > 0) t[size_t(c.device)] = double(bytes) / bw;
+  }
+  return t;
+}
+
+void log_decision(const State& s, const KernelGroup& g, const CallExtents& ext, const Decision& d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << "opforge dispatch: " << g.op->name << " " << g.dtype_key << " " << extents_str(ext)
+     << " -> " << s.devices[size_t(d.device)]->device.str() << " "
+     << g.variants[size_t(d.variant)].name;
+  if (d.calibrating) os << " (calibrating)";
+  for (const auto& c : d.costs)
+    os << "\n    " << s.devices[size_t(c.device)]->device.str() << " "
+       << g.variants[size_t(c.variant)].name << ": ready " << c.ready * 1e3 << " ms + transfer "
+       << c.transfer * 1e3 << " ms + run " << c.run * 1e3 << " ms (load " << c.load
+       << ") = " << c.completion * 1e3 << " ms";
+  os << "\n";
+  std::fputs(os.str().c_str(), stderr);
+}
+
+}  // namespace
+
+// The index of a device in the table of devices that run kernels, or an Error.
+int exec_index(const State& s, const Device& d, const std::string& op) {
+  for (size_t i = 0; i < s.devices.size(); i++)
+    if (s.devices[i]->device == d) return int(i);
+  throw Error(op + ": " + d.str() + " runs no kernels in this build; run it on another device");
+}
+
+bool pinned() { return default_device_is_set(); }
+
+// The devices automatic placement chooses from.
+void auto_devices(const State& s, std::vector<int>& devs) {
+  devs.clear();
+  for (int i = 0; i < int(s.devices.size()); i++)
+    if (s.devices[size_t(i)]->in_auto) devs.push_back(i);
+}
+
+// The devices a call may run on (a per-thread list, valid until the next call). Tensors that live
+// on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
+// other than the default device, are an error unless soft device mode moves them to the default
+// device. `home`: where the output lives (the GPU device the call is pinned to, else the host).
+const std::vector<int>& candidate_devices(State& s, const std::string& op, const KernelArgs& args,
+                                          Device& home) {
+  thread_local std::vector<int> devs;
+  devs.clear();
+  home = {};
+  int n = int(s.devices.size());
+  std::optional<Device> gpu;
+  std::string conflict;
+  // The output counts too: writing into a GPU tensor is a call on its device.
+  for (int b = 0; b < args.num_buffers(); b++) {
+    const auto& st = args.storage(b);
+    if (!st || !st->on_gpus()) continue;
+    Device h = st->home();
+    if (h.kind == DeviceKind::cpu || (gpu && h == *gpu)) continue;
+    if (gpu && conflict.empty()) conflict = "tensors on " + gpu->str() + " and " + h.str();
+    if (!gpu) gpu = h;
+  }
+  if (gpu) {
+    Device target = pinned() ? default_device() : *gpu;
+    if (conflict.empty() && !(target == *gpu))
+      conflict = "a tensor on " + gpu->str() + " while the default device is " + target.str();
+    if (!conflict.empty()) {
+      if (!soft_device_mode())
+        throw Error(op + ": " + conflict +
+                    "; move the inputs with to_device(), or turn on soft device mode "
+                    "(set_soft_device_mode(true)) to have them moved to the default device");
+      target = default_device();
+    }
+    devs.push_back(exec_index(s, target, op));
+    if (target.kind != DeviceKind::cpu) home = target;
+  } else if (pinned()) {
+    devs.push_back(exec_index(s, default_device(), op));
+  } else if (n == 1) {
+    devs.push_back(0);
+  } else {
+    auto_devices(s, devs);
+    if (devs.size() > 1 && device_policy() == DevicePolicy::round_robin) {
+      int pick = devs[s.round_robin++ % devs.size()];
+      devs.assign(1, pick);
+    }
+  }
+  return devs;
+}
+
+Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
+                const std::vector<int>& devs, Clock& clock, const std::vector<Dependency>& deps,
+                const KernelArgs* args) {
+  thread_local std::vector<Scheduler::Candidate> cands;
+  thread_local std::vector<double> inputs_ready;
+  thread_local std::string forced;
+  forced.clear();
+  clock = nullptr;
+  if (s.any_forced.load(std::memory_order_relaxed) || s.any_clock.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    forced = s.forced;
+    clock = s.clock;
+  }
+  uint64_t accepted = accept_mask(g, ext);
+  uint64_t variants = eligible_variants(g, ext, accepted, forced);
+  cands.clear();
+  for (int d : devs) {
+    const ExecDevice& dev = *s.devices[size_t(d)];
+    uint64_t mine = variants & g.kind_mask[int(dev.device.kind)];
+    if (!mine) continue;
+    // Load matters where there is a choice of device. Injected time (tests) has nothing to do
+    // with this machine's load.
+    if (devs.size() > 1) s.sched.set_load(d, clock || !dev.meter ? 1.0 : dev.meter->last());
+    cands.push_back({d, mine});
+  }
+  if (cands.empty()) {
+    std::ostringstream os;
+    os << g.op->name << " (" << g.dtype_key << "): no kernel";
+    if (!forced.empty()) os << " named '" << forced << "'";
+    os << " for ";
+    for (size_t i = 0; i < devs.size(); i++)
+      os << (i ? ", " : "") << s.devices[size_t(devs[i])]->device.str();
+    os << "; its variants run on:";
+    for (const auto& v : g.variants)
+      os << " " << v.name << "(" << (v.kind == DeviceKind::cpu ? "cpu" : v.kernel->target) << ")";
+    throw Error(os.str());
+  }
+  double now = cands.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
+  inputs_ready.clear();
+  if (cands.size() > 1)
+    for (const auto& dep : deps) {
+      const EventPtr& e = dep.event;
+      if (e->done()) continue;
+      inputs_ready.resize(s.devices.size());
+      for (int d : devs)
+        if (d != e->queue())
+          inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
+    }
+  Decision d = s.sched.decide(bucket_key(g, ext), cands, transfer_times(s, args, cands), now, s.log,
+                              inputs_ready);
+  if (s.log) log_decision(s, g, ext, d);
+  count_call(g, d.variant, d.device);
+  return d;
+}
+
+}  // namespace detail
+
+bool variant_accepts(const VariantInfo& v, const CallExtents& ext) {
+  for (int i = 0; i < ext.n; i++)
+    if (ext.e[i] < v.kernel->min_extents[i]) return false;
+  return true;
+}
+
+}  // namespace opforge

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The runtime's own tests under AddressSanitizer with UndefinedBehaviorSanitizer, then under
+# ThreadSanitizer: each a separate build of the runtime and those tests that links the kernels a
+# finished build generated (OPFORGE_PREBUILT_KERNELS), so no kernel is compiled again. Any report
+# fails the test that caused it (halt_on_error), and so this script.
+#   scripts/sanitizer-tests.sh [BUILD]   (BUILD: the finished build, default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+jobs=${JOBS:-$(nproc)}
+kernels=$(cd "$build/kernels" && pwd)
+export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+for sanitizer in address,undefined thread; do
+  dir=$build-sanitize-${sanitizer%%,*}
+  start=$(date +%s)
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPFORGE_SANITIZE=$sanitizer \
+        -DOPFORGE_PREBUILT_KERNELS="$kernels" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600)
+  echo "sanitizer-tests: $sanitizer: built and passed in $(( $(date +%s) - start )) s"
+done
