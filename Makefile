@@ -17,8 +17,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Every test, then the runtime's own tests again under ASan+UBSan and TSan (scripts/sanitizer-tests.sh).
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 900
+	@JOBS=$(JOBS) scripts/sanitizer-tests.sh $(BUILD)
 
 demo: build
 	$(BUILD)/bin/quickstart

@@ -157,8 +157,8 @@ struct OpenCL {
   }
 };
 const OpenCL& opencl() {
-  static OpenCL o;
-  return o;
+  static auto* o = new OpenCL;  // never destroyed: Halide releases OpenCL buffers at exit
+  return *o;
 }
 }  // namespace
 

@@ -63,8 +63,8 @@ struct Registry {
 };
 
 Registry& registry_storage() {
-  static Registry r;
-  return r;
+  static auto* r = new Registry;  // never destroyed: queued calls may still run at exit
+  return *r;
 }
 
 // How many call extents the family's canonical view has (see the generators' pipelines).
