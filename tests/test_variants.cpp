@@ -33,11 +33,13 @@ using opforge::VariantInfo;
 // named test_*); they have no real kernels to check.
 bool is_test_op(const std::string& name) { return name.rfind("test_", 0) == 0; }
 
-// Forces a variant for its lifetime and restores the previous setting afterwards.
+// Forces a variant of one op for its lifetime and restores the previous setting afterwards. Only
+// that op: the copies an op makes of its strided inputs are placed as usual.
 class ForcedVariant {
  public:
-  explicit ForcedVariant(const std::string& name) : previous_(opforge::forced_variant()) {
-    opforge::force_variant(name);
+  ForcedVariant(const std::string& name, const std::string& op)
+      : previous_(opforge::forced_variant()) {
+    opforge::force_variant(name, op);
   }
   ~ForcedVariant() { opforge::force_variant(previous_); }
   ForcedVariant(const ForcedVariant&) = delete;
@@ -61,7 +63,7 @@ Tensor run_forced(const KernelGroup& g, const VariantInfo& v, const std::functio
   int64_t before = calls_of(op, g.dtype_key, v.name);
   Tensor out;
   try {
-    ForcedVariant force(v.name);
+    ForcedVariant force(v.name, op);
     // A GPU variant runs on the first device of its kind; inputs stay in host memory.
     std::optional<opforge::DefaultDevice> on;
     if (v.kind != opforge::DeviceKind::cpu) on.emplace(opforge::Device{v.kind, 0});
@@ -102,6 +104,32 @@ std::string what(const KernelGroup& g, const VariantInfo& v) {
 }
 
 using Handler = std::function<void(const KernelGroup&, const VariantInfo&)>;
+
+// The layouts every variant is checked on: dense, and views whose strides the kernel sees as they
+// are (a transpose, every other element, a stride-0 broadcast), as an op's callers pass them.
+enum class Layout { dense, views };
+const char* layout_name(Layout l) { return l == Layout::dense ? "dense inputs" : "strided views"; }
+
+// A random tensor of `shape` that, for Layout::views, is a transpose of dims a and b of another.
+Tensor random_as(Layout l, Shape shape, DType dt, Data data, const std::string& label, int a,
+                 int b) {
+  if (l == Layout::dense) return random(shape, dt, data, label);
+  a = a < 0 ? int(shape.size()) + a : a;
+  b = b < 0 ? int(shape.size()) + b : b;
+  std::swap(shape[size_t(a)], shape[size_t(b)]);
+  Tensor t = random(shape, dt, data, label + "/transposed").transpose(a, b);
+  EXPECT_FALSE(t.is_contiguous());
+  return t;
+}
+
+// A random tensor of `shape` that, for Layout::views, takes every other element of its last dim.
+Tensor random_every_other(Layout l, Shape shape, DType dt, Data data, const std::string& label) {
+  if (l == Layout::dense) return random(shape, dt, data, label);
+  Shape base = shape;
+  base.back() *= 2;
+  int last = int(shape.size()) - 1;
+  return random(base, dt, data, label + "/strided").slice(last, 0, base.back(), 2);
+}
 
 // ---- elementwise ----
 
@@ -188,12 +216,16 @@ Handler reduce_handler(Data data, ReduceFn fn, std::function<Tensor(const Tensor
     DType dt = g.in_dtype;
     EXPECT_EQ(g.out_dtype, out(dt)) << "registry output dtype of " << g.op->name;
     RedShape r = reduction_shape(v);
-    Tensor x = random({r.outer, r.reduced, r.inner}, dt, data, "variant/" + g.op->name + v.name);
-    Expected want = reduce(dense(x), {1}, false, fn);
-    Tensor got = run_forced(g, v, [&] { return call(x); });
-    Tol tol = accum_tol(out(dt), r.reduced);
-    if (transcendental) tol = loosest(tol, transcendental_tol(dt));
-    expect_close(got, want, out(dt), tol);
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(layout_name(l));
+      Tensor x = random_as(l, {r.outer, r.reduced, r.inner}, dt, data,
+                           "variant/" + g.op->name + v.name, 1, 2);
+      Expected want = reduce(dense(x), {1}, false, fn);
+      Tensor got = run_forced(g, v, [&] { return call(x); });
+      Tol tol = accum_tol(out(dt), r.reduced);
+      if (transcendental) tol = loosest(tol, transcendental_tol(dt));
+      expect_close(got, want, out(dt), tol);
+    }
   };
 }
 
@@ -201,11 +233,15 @@ Handler softmax_handler(bool log) {
   return [=](const KernelGroup& g, const VariantInfo& v) {
     DType dt = g.in_dtype;
     RedShape r = reduction_shape(v);
-    Tensor x = random({r.outer, r.reduced, r.inner}, dt, Data::Normal, "variant/softmax" + v.name);
-    Expected want = softmax(dense(x), 1, log);
-    Tensor got =
-        run_forced(g, v, [&] { return log ? opforge::log_softmax(x, 1) : opforge::softmax(x, 1); });
-    expect_close(got, want, dt, loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(layout_name(l));
+      Tensor x = random_as(l, {r.outer, r.reduced, r.inner}, dt, Data::Normal,
+                           "variant/softmax" + v.name, 0, 1);
+      Expected want = softmax(dense(x), 1, log);
+      Tensor got = run_forced(
+          g, v, [&] { return log ? opforge::log_softmax(x, 1) : opforge::softmax(x, 1); });
+      expect_close(got, want, dt, loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
+    }
   };
 }
 
@@ -215,33 +251,26 @@ void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   // layer_norm normalises trailing dims, so its inner extent is always 1
   ASSERT_LE(m[0], 1) << what(g, v) << ": layer_norm cannot be called with an inner extent above 1";
   int64_t reduced = at_least(m[1], 17), outer = at_least(m[2], 5);
-  Tensor x = random({outer, reduced}, dt, Data::Normal, "variant/layer_norm" + v.name);
-  Tensor w = random({reduced}, dt, Data::Normal, "variant/layer_norm w" + v.name);
-  Tensor b = random({reduced}, dt, Data::Normal, "variant/layer_norm b" + v.name);
-  Expected want = layer_norm(dense(x), 1, w.to_double_vector(), b.to_double_vector(), 1e-5);
-  Tensor got = run_forced(g, v, [&] { return opforge::layer_norm(x, {reduced}, w, b); });
-  expect_close(got, want, dt, loosest(accum_tol(dt, reduced), transcendental_tol(dt)));
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor x =
+        random_as(l, {outer, reduced}, dt, Data::Normal, "variant/layer_norm" + v.name, 0, 1);
+    Tensor w = random_every_other(l, {reduced}, dt, Data::Normal, "variant/layer_norm w" + v.name);
+    Tensor b = random({reduced}, dt, Data::Normal, "variant/layer_norm b" + v.name);
+    Expected want = layer_norm(dense(x), 1, w.to_double_vector(), b.to_double_vector(), 1e-5);
+    Tensor got = run_forced(g, v, [&] { return opforge::layer_norm(x, {reduced}, w, b); });
+    expect_close(got, want, dt, loosest(accum_tol(dt, reduced), transcendental_tol(dt)));
+  }
 }
 
 // ---- contraction: call extents (N, M, K, batch) ----
 
-// Compares rows [r0, r1) of the result's last-but-one dim with reference(r0, r1): all of them when
-// the product is small, else three blocks of 8 rows (start, middle, end).
+// Compares every element of the result with reference(0, M), rows [0, M) of its last-but-one dim.
 void check_rows(const Tensor& got, int64_t M, int64_t K, DType dt,
                 const std::function<Expected(int64_t r0, int64_t r1)>& reference) {
   ASSERT_TRUE(got.defined());
   ASSERT_GE(got.dim(), 2);
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  if (got.numel() * K <= (int64_t(1) << 24) || M < 24) {
-    ranges.push_back({0, M});
-  } else {
-    ranges = {{0, 8}, {M / 2, M / 2 + 8}, {M - 8, M}};
-  }
-  for (auto [r0, r1] : ranges) {
-    SCOPED_TRACE("rows " + std::to_string(r0) + " to " + std::to_string(r1));
-    Expected want = reference(r0, r1);
-    expect_close(got.slice(got.dim() - 2, r0, r1), want, dt, accum_tol(dt, K));
-  }
+  expect_close(got, reference(0, M), dt, accum_tol(dt, K));
 }
 
 void check_matmul(const KernelGroup& g, const VariantInfo& v) {
@@ -253,13 +282,18 @@ void check_matmul(const KernelGroup& g, const VariantInfo& v) {
     as.insert(as.begin(), B);
     bs.insert(bs.begin(), B);
   }
-  Tensor a = random(as, dt, Data::Normal, "variant/matmul a" + v.name);
-  Tensor b = random(bs, dt, Data::Normal, "variant/matmul b" + v.name);
-  Tensor got = run_forced(g, v, [&] { return opforge::matmul(a, b); });
-  Dense bd = dense(b);
-  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
-    return matmul(dense(a.slice(a.dim() - 2, r0, r1)), bd);
-  });
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor a = random_as(l, as, dt, Data::Normal, "variant/matmul a" + v.name, -2, -1);
+    Tensor b = random_every_other(l, bs, dt, Data::Normal, "variant/matmul b" + v.name);
+    if (l == Layout::views && B > 1)  // one matrix for every batch: a stride-0 batch dim
+      b = random({K, N}, dt, Data::Normal, "variant/matmul b1" + v.name).expand(bs);
+    Tensor got = run_forced(g, v, [&] { return opforge::matmul(a, b); });
+    Dense bd = dense(b);
+    check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
+      return matmul(dense(a.slice(a.dim() - 2, r0, r1)), bd);
+    });
+  }
 }
 
 void check_gemm(const KernelGroup& g, const VariantInfo& v) {
@@ -267,16 +301,19 @@ void check_gemm(const KernelGroup& g, const VariantInfo& v) {
   const int64_t* m = mins_of(v);
   ASSERT_LE(m[3], 1) << what(g, v) << ": gemm is 2-D and cannot reach a batch extent above 1";
   int64_t N = at_least(m[0], 7), M = at_least(m[1], 9), K = at_least(m[2], 5);
-  Tensor a = random({M, K}, dt, Data::Normal, "variant/gemm a" + v.name);
-  Tensor b = random({K, N}, dt, Data::Normal, "variant/gemm b" + v.name);
-  Tensor c = random({M, N}, dt, Data::Normal, "variant/gemm c" + v.name);
   const double alpha = 0.5, beta = 2;
-  Tensor got = run_forced(g, v, [&] { return opforge::gemm(a, b, c, alpha, beta); });
-  Dense bd = dense(b);
-  check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
-    return gemm(dense(a.slice(0, r0, r1)), bd, dense(c.slice(0, r0, r1)), alpha, beta, false,
-                false);
-  });
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor a = random_as(l, {M, K}, dt, Data::Normal, "variant/gemm a" + v.name, 0, 1);
+    Tensor b = random_every_other(l, {K, N}, dt, Data::Normal, "variant/gemm b" + v.name);
+    Tensor c = random_as(l, {M, N}, dt, Data::Normal, "variant/gemm c" + v.name, 0, 1);
+    Tensor got = run_forced(g, v, [&] { return opforge::gemm(a, b, c, alpha, beta); });
+    Dense bd = dense(b);
+    check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
+      return gemm(dense(a.slice(0, r0, r1)), bd, dense(c.slice(0, r0, r1)), alpha, beta, false,
+                  false);
+    });
+  }
 }
 
 // ---- window: output call extents (W, H, C, N) ----
@@ -287,16 +324,19 @@ void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), CO = at_least(m[2], 4),
           N = at_least(m[3], 1), CI = 3;
   // 3x3 kernel, stride 1, padding 1: the output is as large as the input
-  Tensor x = random({N, CI, H, W}, dt, Data::Normal, "variant/conv x" + v.name);
-  Tensor w = random({CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name);
-  Tensor b = random({CO}, dt, Data::Normal, "variant/conv b" + v.name);
   opforge::Conv2dOptions o;
   o.padding = {1, 1};
   ConvParams p;
   p.pad_h = p.pad_w = 1;
-  Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
-  Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, o); });
-  expect_close(got, want, dt, accum_tol(dt, CI * 9));
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor x = random_every_other(l, {N, CI, H, W}, dt, Data::Normal, "variant/conv x" + v.name);
+    Tensor w = random_as(l, {CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name, 0, 1);
+    Tensor b = random_every_other(l, {CO}, dt, Data::Normal, "variant/conv b" + v.name);
+    Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
+    Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, o); });
+    expect_close(got, want, dt, accum_tol(dt, CI * 9));
+  }
 }
 
 Handler pool_handler(bool is_max) {
@@ -305,7 +345,6 @@ Handler pool_handler(bool is_max) {
     const int64_t* m = mins_of(v);
     int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3),
             N = at_least(m[3], 1);
-    Tensor x = random({N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name);
     opforge::Pool2dOptions o;  // 3x3, stride 1, padding 1: the output is as large as the input
     o.kernel = {3, 3};
     o.stride = {1, 1};
@@ -316,10 +355,14 @@ Handler pool_handler(bool is_max) {
     p.stride_h = p.stride_w = 1;
     p.pad_h = p.pad_w = 1;
     p.count_include_pad = false;
-    Expected want = pool2d(dense(x), p, is_max);
-    Tensor got = run_forced(
-        g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
-    expect_close(got, want, dt, accum_tol(dt, 9));
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(layout_name(l));
+      Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name, 2, 3);
+      Expected want = pool2d(dense(x), p, is_max);
+      Tensor got = run_forced(
+          g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
+      expect_close(got, want, dt, accum_tol(dt, 9));
+    }
   };
 }
 
@@ -338,6 +381,14 @@ void check_copy(const KernelGroup& g, const VariantInfo& v) {
   Tensor got = run_forced(g, v, [&] { return view.contiguous(); });
   EXPECT_TRUE(got.is_contiguous());
   expect_close(got, want, shape, dt, exact());
+  // A broadcast source: one row repeated along every outer dim, and a new one (stride 0).
+  Shape outer_shape = shape;
+  outer_shape.insert(outer_shape.begin(), 3);
+  Tensor row = random({shape.back()}, dt, Data::Normal, "variant/copy row" + v.name);
+  Tensor expanded = row.expand(outer_shape);
+  std::vector<double> want_b = expanded.to_double_vector();
+  Tensor got_b = run_forced(g, v, [&] { return expanded.contiguous(); });
+  expect_close(got_b, want_b, outer_shape, dt, exact());
 }
 
 void check_gather(const KernelGroup& g, const VariantInfo& v) {
@@ -345,31 +396,35 @@ void check_gather(const KernelGroup& g, const VariantInfo& v) {
   const int64_t* m = mins_of(v);
   int64_t inner = at_least(m[0], 3), J = at_least(m[1], 11), n = 7;
   int64_t outer = at_least(m[2], inner * J > (int64_t(1) << 20) ? 1 : 2);
-  Tensor x = random({outer, n, inner}, dt, Data::Normal, "variant/gather x" + v.name);
-  std::vector<double> idx_values =
-      random_values(J, DType::Int64, Data::Unit, seed_of("variant/gather i" + v.name));
-  for (auto& i : idx_values) i = std::fmod(i, double(n));  // Unit ints are 0..9: fold into [0, n)
-  Tensor index = make(idx_values, {J}, DType::Int64);
-  Tensor got = run_forced(g, v, [&] { return opforge::index_select(x, 1, index); });
-  ASSERT_TRUE(got.defined());
-  ASSERT_EQ(got.dtype(), dt);
-  ASSERT_EQ(got.shape(), (Shape{outer, J, inner}));
-  ASSERT_TRUE(got.is_contiguous());
-  // a gather copies bytes: compare rows of `inner` elements with memcmp (the output can be large)
-  size_t row = size_t(inner) * got.element_size();
-  const char* src = static_cast<const char*>(x.data());
-  const char* dst = static_cast<const char*>(got.data());
-  int64_t bad = 0;
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t j = 0; j < J; j++) {
-      int64_t k = int64_t(idx_values[size_t(j)]);
-      if (std::memcmp(dst + size_t(o * J + j) * row, src + size_t(o * n + k) * row, row) != 0) {
-        if (bad < 5)
-          ADD_FAILURE() << "row (outer " << o << ", index " << j << " -> " << k << ") differs";
-        bad++;
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor x = random_as(l, {outer, n, inner}, dt, Data::Normal, "variant/gather x" + v.name, 0, 2);
+    std::vector<double> idx_values =
+        random_values(J, DType::Int64, Data::Unit, seed_of("variant/gather i" + v.name));
+    for (auto& i : idx_values) i = std::fmod(i, double(n));  // Unit ints are 0..9: fold into [0, n)
+    Tensor index = make(idx_values, {J}, DType::Int64);
+    Tensor got = run_forced(g, v, [&] { return opforge::index_select(x, 1, index); });
+    ASSERT_TRUE(got.defined());
+    ASSERT_EQ(got.dtype(), dt);
+    ASSERT_EQ(got.shape(), (Shape{outer, J, inner}));
+    ASSERT_TRUE(got.is_contiguous());
+    // a gather copies bytes: compare rows of `inner` elements with memcmp (the output can be large)
+    size_t row = size_t(inner) * got.element_size();
+    Tensor xc = x.contiguous();  // the bytes a view stands for, in order
+    const char* src = static_cast<const char*>(xc.data());
+    const char* dst = static_cast<const char*>(got.data());
+    int64_t bad = 0;
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t j = 0; j < J; j++) {
+        int64_t k = int64_t(idx_values[size_t(j)]);
+        if (std::memcmp(dst + size_t(o * J + j) * row, src + size_t(o * n + k) * row, row) != 0) {
+          if (bad < 5)
+            ADD_FAILURE() << "row (outer " << o << ", index " << j << " -> " << k << ") differs";
+          bad++;
+        }
       }
-    }
-  EXPECT_EQ(bad, 0) << "rows that differ, of " << outer * J;
+    EXPECT_EQ(bad, 0) << "rows that differ, of " << outer * J;
+  }
 }
 
 // ---- the table ----

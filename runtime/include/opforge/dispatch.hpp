@@ -25,10 +25,12 @@ struct CallExtents {
 using Clock = std::function<double()>;
 void set_clock(Clock clock);  // an empty function restores the steady clock
 
-// Forces a variant by name for every op that has it. A name that no variant of an op has exactly
-// acts as a prefix: "adams2019" selects among "adams2019_s128" and "adams2019_s1024". Empty string:
-// automatic selection. The environment variable OPFORGE_VARIANT sets the initial value.
-void force_variant(const std::string& name);
+// Forces a variant by name for every op that has it, or only for the op named `op` (the others,
+// among them the copies an op makes of strided inputs, are placed as usual). A name that no
+// variant of an op has exactly acts as a prefix: "adams2019" selects among "adams2019_s128" and
+// "adams2019_s1024". Empty string: automatic selection. The environment variable OPFORGE_VARIANT
+// sets the initial value (for every op).
+void force_variant(const std::string& name, const std::string& op = {});
 std::string forced_variant();
 
 void set_dispatch_policy(const DispatchPolicy& p);

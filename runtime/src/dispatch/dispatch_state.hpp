@@ -42,7 +42,7 @@ struct State {
   Scheduler sched;
   std::mutex mu;  // guards what follows
   Clock clock;
-  std::string forced;
+  std::string forced, forced_op;  // forced_op empty: the force applies to every op
   std::atomic<bool> any_forced{false}, any_clock{false};  // lets calls skip the lock
   std::atomic<DevicePolicy> device_policy{initial_device_policy()};
   std::atomic<uint64_t> round_robin{0};

@@ -191,7 +191,7 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   clock = nullptr;
   if (s.any_forced.load(std::memory_order_relaxed) || s.any_clock.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(s.mu);
-    forced = s.forced;
+    if (s.forced_op.empty() || s.forced_op == g.op->name) forced = s.forced;
     clock = s.clock;
   }
   uint64_t accepted = accept_mask(g, ext);

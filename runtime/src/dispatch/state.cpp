@@ -125,11 +125,12 @@ void set_clock(Clock clock) {
   s.any_clock = bool(s.clock);
 }
 
-void force_variant(const std::string& name) {
+void force_variant(const std::string& name, const std::string& op) {
   detail::State& s = detail::state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.forced = name;
+    s.forced_op = name.empty() ? std::string() : op;
     s.any_forced = !name.empty();
   }
   s.sched.reset();
