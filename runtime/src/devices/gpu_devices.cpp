@@ -258,6 +258,20 @@ void DeviceMemory::sync(halide_buffer_t& on_device) {
       << device_.str() << ": waiting for the device failed: " << take_halide_error();
 }
 
+void DeviceMemory::sync_all() {
+  // Halide 14's OpenCL and CUDA syncs finish the device's whole queue or stream, but want a buffer
+  // that lives there: a one-byte one of its own, outside the allocator's figures.
+  std::call_once(fence_once_, [&] {
+    byte_buffer(fence_.buf, fence_.dim, 1);
+    take_halide_error();
+    fence_ok_ = halide_device_malloc(&context_, &fence_.buf, iface_) == 0;
+  });
+  OPFORGE_CHECK(fence_ok_) << device_.str()
+                           << ": cannot allocate the byte that waiting for the device needs: "
+                           << take_halide_error();
+  sync(fence_.buf);
+}
+
 #ifdef OPFORGE_HAVE_CUDA_KERNELS
 namespace {
 

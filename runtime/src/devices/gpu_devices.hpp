@@ -74,6 +74,8 @@ class DeviceMemory {
   bool bind(halide_buffer_t& buf, const DeviceBlock& b, size_t offset, DeviceHandle& h) const;
   // Waits for the work queued on the device (Halide asks for a buffer there to know which).
   void sync(halide_buffer_t& on_device);
+  // Waits for everything queued on the device.
+  void sync_all();
   // Measured bytes per second of host<->device copies (a prior until something was copied).
   double bandwidth() const { return bandwidth_.load(std::memory_order_relaxed); }
   // Bytes copied so far from the host (to_device) or back to it.
@@ -99,6 +101,9 @@ class DeviceMemory {
   std::atomic<size_t> limit_;
   std::atomic<double> bandwidth_{8e9};
   std::atomic<uint64_t> copied_[2] = {0, 0};  // [to_device]
+  std::once_flag fence_once_;
+  DeviceBlock fence_;  // what sync_all() names the device by
+  bool fence_ok_ = false;
 };
 
 // The memory of a GPU device that runs kernels in this build (opencl:0, cuda:0), or null.

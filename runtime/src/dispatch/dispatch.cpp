@@ -84,9 +84,12 @@ std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void**
 }
 
 // Runs a queued call on its device. A call first makes its tensors current where it runs (copying
-// only what is stale); a GPU call waits for the device before it returns, so that the measured
-// time is the call's. `seconds` leaves the copies out: the scheduler predicts them apart (its
-// transfer term). Queued calls are always timed.
+// only what is stale). A GPU kernel is asynchronous: it is enqueued on the device's one in-order
+// queue (OpenCL) or stream (CUDA) and the call ends without waiting for it; every later use of
+// its data (a kernel there, a copy to the host or another device, synchronize()) is ordered
+// behind it by that queue. A call the model times (calibration, re-timing) first waits for what
+// is queued there, then for its kernel, so that its time is its own. `seconds` leaves the copies
+// out: the scheduler predicts them apart (its transfer term).
 std::string run_queued(State& s, const KernelGroup& g, const Decision& d, KernelArgs& args,
                        const Clock& clock, double& seconds, Fault& fault) {
   ExecDevice& dev = *s.devices[size_t(d.device)];
@@ -107,12 +110,23 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, Kernel
     return err;
   }
   bool ran = false;
+  double drained = 0;  // waiting for earlier kernels, which is not this call's time
   try {
     args.prepare_device(*dev.mem);
     copied = now_seconds(clock) - t0;
+    if (d.timed) {
+      dev.mem->sync_all();
+      drained = now_seconds(clock) - t0 - copied;
+    }
     err = run_kernel(s, g, d, argv, args.error_slot(), fault);
     if (err.empty()) {
-      dev.mem->sync(*args.halide_buffer(args.first_written()));
+      double now = now_seconds(clock);
+      if (d.timed) {
+        dev.mem->sync_all();
+        dev.backlog_until = now_seconds(clock);
+      } else {
+        dev.backlog_until = std::max(dev.backlog_until.load(), now) + d.predicted;
+      }
       ran = true;
     }
   } catch (const std::exception& e) {
@@ -127,7 +141,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, Kernel
       fault = Fault::around;
     }
   }
-  seconds = now_seconds(clock) - t0 - copied;
+  seconds = now_seconds(clock) - t0 - copied - drained;
   return err;
 }
 
@@ -255,7 +269,9 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   deps.clear();
   for (int b = 0; b < nb; b++)
     if (const auto& st = args.storage(b)) st->dependencies(deps, args.reads(b), args.writes(b));
-  d.timed = true;  // every queued call is timed: the queue model needs its duration anyway
+  // A queued CPU call is always timed (the queue model needs its duration, and it costs nothing);
+  // a GPU call only when the model asks, since timing it means waiting for the device.
+  if (!dev.mem) d.timed = true;
   double now = now_seconds(clock);
   auto done =
       std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.occupies());

@@ -30,8 +30,11 @@ struct ExecDevice {
   std::atomic<int64_t> busy_ns{0};        // time spent running its queued calls
   std::atomic<int64_t> running_since{0};  // steady-clock ns when the running call began; 0: idle
   DeviceMemory* mem = nullptr;            // GPU devices: their memory
-  UserContext cpu_context;                // logical CPU devices: routes parallel loops to the pool
-  void* user_context = nullptr;           // what its kernel calls get (null: the plain cpu)
+  // GPU devices: when the kernels enqueued there without waiting are predicted to have run, on
+  // the dispatcher's clock (a call placed there starts no earlier).
+  std::atomic<double> backlog_until{0};
+  UserContext cpu_context;       // logical CPU devices: routes parallel loops to the pool
+  void* user_context = nullptr;  // what its kernel calls get (null: the plain cpu)
 };
 
 // state.cpp: settings read from the environment at start-up.

@@ -220,15 +220,27 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   }
   double now = cands.size() > 1 ? now_seconds(clock) : 0;  // only a choice of device needs it
   inputs_ready.clear();
-  if (cands.size() > 1)
+  auto not_before = [&](int d, double seconds) {
+    if (seconds <= 0) return;
+    inputs_ready.resize(s.devices.size());
+    inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], seconds);
+  };
+  // A GPU's kernels run on after their calls end (dispatch.cpp): what is enqueued there delays
+  // a call placed there, and a call elsewhere that reads what they write.
+  auto backlog = [&](int d) {
+    if (d < 0 || size_t(d) >= s.devices.size()) return 0.0;
+    const ExecDevice& dev = *s.devices[size_t(d)];
+    return dev.mem ? dev.backlog_until.load(std::memory_order_relaxed) - now : 0.0;
+  };
+  if (cands.size() > 1) {
     for (const auto& dep : deps) {
       const EventPtr& e = dep.event;
-      if (e->done()) continue;
-      inputs_ready.resize(s.devices.size());
+      double ready = e->done() ? backlog(e->queue()) : e->expected_end() - now;
       for (int d : devs)
-        if (d != e->queue())
-          inputs_ready[size_t(d)] = std::max(inputs_ready[size_t(d)], e->expected_end() - now);
+        if (d != e->queue()) not_before(d, ready);
     }
+    for (const auto& c : cands) not_before(c.device, backlog(c.device));
+  }
   Decision d = s.sched.decide(bucket_key(g, ext), cands, transfer_times(s, args, cands), now, s.log,
                               inputs_ready);
   if (s.log) log_decision(s, g, ext, d);

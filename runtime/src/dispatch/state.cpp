@@ -2,6 +2,7 @@
 // then the GPUs whose memory the runtime manages), the load sampler, and the settings that
 // tests and users change (forced variant, clock, policies).
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -91,7 +92,13 @@ State::State() {
     devices.push_back(std::move(d));
   }
   // Queued calls hold tensors and kernels: let them finish before the process tears down.
-  std::atexit([] { synchronize_quietly(); });
+  std::atexit([] {
+    try {
+      synchronize_quietly();
+    } catch (const std::exception& e) {  // a device that fails now has no caller left to tell
+      std::fprintf(stderr, "opforge: at exit: %s\n", e.what());
+    }
+  });
   // Load is sampled here, at a fixed rate, never by a caller: a call reads the last sample.
   std::vector<LoadMeter*> meters;
   for (auto& d : devices)
@@ -114,6 +121,9 @@ State& state() {
 void State::synchronize_quietly() {
   for (auto& d : state().devices)
     if (d->queue) d->queue->drain();
+  // GPU kernels run on after their queued call ends (dispatch.cpp, run_queued).
+  for (auto& d : state().devices)
+    if (d->mem && d->backlog_until.load() > 0) d->mem->sync_all();
 }
 
 }  // namespace detail
