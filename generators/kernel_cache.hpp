@@ -168,15 +168,16 @@ inline std::string definition_text(const Pipeline& p) {
   return os.str();
 }
 
-// What the compiler's sources contribute to every key: small files by content, large ones (the
-// Halide library) by size and modification time.
+// What the compiler's sources contribute to every key: small files by name and content, large ones
+// (the Halide library) by name, size and modification time. Never by path: two checkouts of the
+// same sources share their kernels.
 inline std::string files_fingerprint(const std::vector<std::string>& files) {
   std::string text;
   for (const auto& f : files) {
     std::error_code ec;
     auto size = fs::file_size(f, ec);
     if (ec) throw std::runtime_error("opforge-kc: cannot read key file " + f);
-    text += f + "\n";
+    text += fs::path(f).filename().string() + "\n";
     if (size > (1u << 20)) {
       auto mtime = fs::last_write_time(f).time_since_epoch().count();
       text += std::to_string(size) + " " + std::to_string(mtime) + "\n";
