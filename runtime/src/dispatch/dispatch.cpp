@@ -120,12 +120,11 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, Kernel
     }
     err = run_kernel(s, g, d, argv, args.error_slot(), fault);
     if (err.empty()) {
-      double now = now_seconds(clock);
       if (d.timed) {
         dev.mem->sync_all();
         dev.backlog_until = now_seconds(clock);
       } else {
-        dev.backlog_until = std::max(dev.backlog_until.load(), now) + d.predicted;
+        dev.backlog_until = std::max(dev.backlog_until.load(), now_seconds(clock)) + d.predicted;
       }
       ran = true;
     }
