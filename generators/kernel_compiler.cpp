@@ -176,6 +176,12 @@ int run(const Options& opt) {
         bool manual = v.scheduler == schedules::Scheduler::manual ||
                       v.scheduler == schedules::Scheduler::gpu_manual;
         if (!manual && plugin_path(opt, v.scheduler).empty()) continue;
+        if (const char* why = schedules::left_out_reason(
+                family, v, target.tag == "opencl" || target.tag == "cuda")) {
+          fprintf(stderr, "opforge-kc: variant %s of %s left out for %s: %s\n", v.name.c_str(),
+                  k.op.c_str(), target.tag.c_str(), why);
+          continue;
+        }
         auto t0 = std::chrono::steady_clock::now();
         Pipeline p = k.build();
         std::string fn =

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "devices/gpu_devices.hpp"
+#include "devices/gpu_memory.hpp"
 #include "opforge/error.hpp"
 
 namespace opforge {

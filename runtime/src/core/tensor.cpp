@@ -8,9 +8,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "devices/gpu_devices.hpp"
-#include "opforge/ops.hpp"
 #include "core/storage.hpp"
+#include "devices/gpu_memory.hpp"
+#include "opforge/ops.hpp"
 
 namespace opforge {
 

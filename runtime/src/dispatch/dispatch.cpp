@@ -299,13 +299,13 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       bool inputs_ok = err.empty();
       if (inputs_ok) {
         auto t0 = std::chrono::steady_clock::now();
-        s.devices[size_t(d.device)]->running_since = t0.time_since_epoch().count();
+        Backend& b = *s.devices[size_t(d.device)]->backend;
+        b.running_since() = t0.time_since_epoch().count();
         err = run_queued(s, g, d, args, clock, seconds, fault);
-        s.devices[size_t(d.device)]->running_since = 0;
-        s.devices[size_t(d.device)]->busy_ns +=
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                 t0)
-                .count();
+        b.running_since() = 0;
+        b.add_busy(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - t0)
+                       .count());
       }
       accounted = true;
       if (err.empty()) {
@@ -332,7 +332,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       err = (err.empty() ? call_label(s, g, d) + ": " : err + "; then ") + "an unknown exception";
     }
     if (!accounted) {
-      s.devices[size_t(d.device)]->running_since = 0;
+      s.devices[size_t(d.device)]->backend->running_since() = 0;
       try {
         record_failure(s, g, d, true);
       } catch (...) {

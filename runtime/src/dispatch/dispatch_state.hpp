@@ -10,30 +10,28 @@
 #include <string_view>
 #include <vector>
 
-#include "devices/cpu_devices.hpp"
-#include "devices/gpu_devices.hpp"
+#include "devices/backend.hpp"
+#include "devices/cpu/load_meter.hpp"
+#include "devices/gpu_memory.hpp"
 #include "dispatch/device_queue.hpp"
 #include "kernels/kernel_call.hpp"
 #include "opforge/dispatch.hpp"
 
 namespace opforge::detail {
 
-// A device that runs kernels: its thread pool (null: Halide's default pool), its queue (null: calls
-// run on the caller's thread) and how its load is measured.
+// A device that runs kernels, as the dispatcher keeps it: its backend (what it is, its memory, its
+// user context), its queue (null: calls run on the caller's thread) and how its load is measured.
 struct ExecDevice {
   Device device;
+  Backend* backend = nullptr;
   bool in_auto = true;  // automatic placement may choose it
-  CpuPool* pool = nullptr;
   std::unique_ptr<DeviceQueue> queue;
   std::unique_ptr<LoadMeter> meter;  // null: nothing else runs there (load 1)
   std::atomic<int64_t> calls{0};
-  std::atomic<int64_t> busy_ns{0};        // time spent running its queued calls
-  std::atomic<int64_t> running_since{0};  // steady-clock ns when the running call began; 0: idle
-  DeviceMemory* mem = nullptr;            // GPU devices: their memory
+  DeviceMemory* mem = nullptr;  // devices with memory of their own (GPUs): it
   // GPU devices: when the kernels enqueued there without waiting are predicted to have run, on
   // the dispatcher's clock (a call placed there starts no earlier).
   std::atomic<double> backlog_until{0};
-  UserContext cpu_context;       // logical CPU devices: routes parallel loops to the pool
   void* user_context = nullptr;  // what its kernel calls get (null: the plain cpu)
 };
 

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 
+#include "devices/cpu/cpu_pool.hpp"
 #include "dispatch/dispatch_state.hpp"
 #include "opforge/error.hpp"
 
@@ -50,45 +51,19 @@ State::State() {
   if (const char* v = std::getenv("OPFORGE_VARIANT")) forced = v;
   any_forced = !forced.empty();
   install_halide_error_handler();
-  const auto& pools = cpu_pools();
-  std::vector<int> all_cores(static_cast<size_t>(num_cpu_cores(true)));
-  for (size_t i = 0; i < all_cores.size(); i++) all_cores[i] = int(i);
-  if (pools.empty()) {
+  for (const auto& b : backends()) {
+    if (!b->runs_kernels()) continue;
     auto d = std::make_unique<ExecDevice>();
-    d->meter = std::make_unique<LoadMeter>(all_cores, nullptr);
-    devices.push_back(std::move(d));
-  }
-  for (size_t i = 0; i < pools.size(); i++) {
-    auto d = std::make_unique<ExecDevice>();
-    d->device = {DeviceKind::cpu, int(i)};
-    d->pool = pools[i].get();
-    d->cpu_context.pool = d->pool;
-    d->user_context = &d->cpu_context;
-    d->queue = std::make_unique<DeviceQueue>(int(i), pools[i]->cores());
-    CpuPool* pool = d->pool;
-    int queue_tid = d->queue->thread_id();
-    d->meter = std::make_unique<LoadMeter>(pool->cores(), [pool, queue_tid] {
-      std::vector<int> t = pool->thread_ids();
-      t.push_back(queue_tid);
-      return t;
-    });
-    devices.push_back(std::move(d));
-  }
-  // GPU devices: each has a queue; an OpenCL device on the host's cores (PoCL) also feels the
-  // host's load.
-  for (const DeviceInfo& info : opforge::devices()) {
-    if (info.device.kind == DeviceKind::cpu) continue;
-    // Devices whose memory the runtime manages: every OpenCL device, and every CUDA GPU in a
-    // build with CUDA kernels.
-    DeviceMemory* mem = device_memory(info.device);
-    if (!mem) continue;
-    auto d = std::make_unique<ExecDevice>();
-    d->device = info.device;
-    d->mem = mem;
-    d->user_context = mem->user_context();
-    d->in_auto = !info.shares_cpu_cores || auto_cpu_opencl();
-    d->queue = std::make_unique<DeviceQueue>(int(devices.size()), std::vector<int>{});
-    if (info.shares_cpu_cores) d->meter = std::make_unique<LoadMeter>(all_cores, nullptr);
+    d->device = b->device();
+    d->backend = b.get();
+    d->mem = b->memory();
+    d->user_context = b->user_context();
+    // An OpenCL device on the host's cores (PoCL) competes with the CPU devices for them:
+    // automatic placement leaves it to the calls pinned there unless asked.
+    d->in_auto = !b->info().shares_cpu_cores || auto_cpu_opencl();
+    if (b->queued())
+      d->queue = std::make_unique<DeviceQueue>(int(devices.size()), b->queue_cores());
+    d->meter = b->load_meter(d->queue ? d->queue->thread_id() : -1);
     devices.push_back(std::move(d));
   }
   // Queued calls hold tensors and kernels: let them finish before the process tears down.
@@ -176,19 +151,15 @@ std::vector<DeviceStats> device_stats() {
     st.queue_length = s.sched.queue_length(int(i));
     st.queued_seconds = s.sched.ready_in(int(i), now);
     st.load = d.meter ? d.meter->last() : 1.0;
-    // A call still running counts up to now, so that a device busy with one long call shows it.
-    int64_t since = d.running_since.load(), busy = d.busy_ns.load();
-    if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
-    st.busy_seconds = double(busy) * 1e-9;
+    st.busy_seconds = d.backend->busy_seconds();
     if (d.mem) {
       st.device_bytes = d.mem->allocated();
       st.bytes_to_device = d.mem->bytes_copied(true);
       st.bytes_from_device = d.mem->bytes_copied(false);
     }
-    if (d.pool) {
-      st.tasks = d.pool->tasks();
-      st.foreign_core_tasks = d.pool->foreign_tasks();
-      st.busy_seconds = d.pool->busy_seconds();
+    if (const detail::CpuPool* pool = d.backend->pool()) {
+      st.tasks = pool->tasks();
+      st.foreign_core_tasks = pool->foreign_tasks();
     }
     out.push_back(st);
   }

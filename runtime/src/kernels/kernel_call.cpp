@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/storage.hpp"
-#include "devices/gpu_devices.hpp"
+#include "devices/gpu_memory.hpp"
 
 namespace opforge::detail {
 

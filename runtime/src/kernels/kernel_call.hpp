@@ -10,8 +10,8 @@
 #include <new>
 #include <span>
 
-#include "devices/cpu_devices.hpp"
-#include "devices/gpu_devices.hpp"
+#include "devices/backend.hpp"
+#include "devices/gpu_memory.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/ops.hpp"

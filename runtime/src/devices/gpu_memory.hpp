@@ -1,11 +1,9 @@
-// GPU devices as the runtime drives them. The memory behind GPU tensors: one caching allocator per
-// device (freed blocks wait by size class for reuse; an allocation that fails empties the cache and
-// retries before it raises an OutOfMemoryError naming the device, the request and what is in use),
-// the copies between host and device, and the Halide device handles that point a kernel argument at
-// any byte of a block. Each OpenCL device also gets its own context (gpu_devices.cpp).
+// The memory behind tensors on a device with memory of its own: one caching allocator per device
+// over its backend's primitives (freed blocks wait by size class for reuse; an allocation that
+// fails empties the cache, then evicts copies, and retries before it raises an OutOfMemoryError
+// naming the device, the request and what is in use), the copies, counted and timed, and the
+// eviction of copies under memory pressure.
 #pragma once
-#include <HalideRuntime.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "devices/cpu_devices.hpp"
+#include "devices/backend.hpp"
 #include "opforge/device.hpp"
 
 namespace opforge {
@@ -23,31 +21,14 @@ struct Storage;
 
 namespace opforge::detail {
 
-// One allocation on a device: a one-dimensional byte buffer that halide_device_free releases.
-struct DeviceBlock {
-  halide_buffer_t buf{};
-  halide_dimension_t dim{};
-  size_t capacity = 0;
-  uint64_t raw = 0;  // the native handle: cl_mem or CUdeviceptr
-};
-
-// What a buffer's `device` field points at on OpenCL: Halide 14's handle is {offset, cl_mem}, and a
-// non-zero offset becomes a sub-buffer when the kernel runs.
-struct DeviceHandle {
-  uint64_t offset = 0;
-  uint64_t mem = 0;
-};
-
 class DeviceMemory {
  public:
-  DeviceMemory(const Device& d, const halide_device_interface_t* iface, uint64_t total,
-               size_t offset_align);
+  explicit DeviceMemory(GpuBackend& backend);
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
-  const Device& device() const { return device_; }
-  // The user context of Halide calls for this device (it selects the OpenCL device).
-  UserContext* user_context() { return &context_; }
+  const Device& device() const { return backend_.device(); }
+  GpuBackend& backend() { return backend_; }
   // `for_storage`: the storage the block is for, whose lock the caller holds (eviction skips it).
   DeviceBlock* allocate(size_t bytes, const Storage* for_storage = nullptr);
   void release(DeviceBlock* b);
@@ -71,26 +52,23 @@ class DeviceMemory {
   // Points `buf` (its type and dims already set) at `b` from byte `offset`; `h` must outlive the
   // use of `buf`. False when the device cannot address that offset in place (an OpenCL sub-buffer
   // must start at a multiple of the device's base address alignment).
-  bool bind(halide_buffer_t& buf, const DeviceBlock& b, size_t offset, DeviceHandle& h) const;
-  // Waits for the work queued on the device (Halide asks for a buffer there to know which).
-  void sync(halide_buffer_t& on_device);
+  bool bind(halide_buffer_t& buf, const DeviceBlock& b, size_t offset, DeviceHandle& h) const {
+    return backend_.bind(buf, b, offset, h);
+  }
   // Waits for everything queued on the device.
-  void sync_all();
+  void sync_all() { backend_.sync_all(); }
   // Measured bytes per second of host<->device copies (a prior until something was copied).
   double bandwidth() const { return bandwidth_.load(std::memory_order_relaxed); }
   // Bytes copied so far from the host (to_device) or back to it.
   uint64_t bytes_copied(bool to_device) const { return copied_[to_device].load(); }
 
  private:
-  void transfer(halide_buffer_t& host_side, const DeviceBlock& b, bool to_device, size_t bytes);
+  void count(bool to_device, size_t bytes, double seconds);
   // Evicts copies (Storage::evict), least recently used first, until `fits()` (tried each time
   // enough was freed for `bytes`) says the allocation went through; false if it never did.
   bool evict_until(const Storage* skip, size_t bytes, const std::function<bool()>& fits);
-  Device device_;
-  UserContext context_;
-  const halide_device_interface_t* iface_;
+  GpuBackend& backend_;
   uint64_t total_;
-  size_t align_;
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<DeviceBlock*>> free_;
   std::mutex holders_mu_;  // taken before any Storage's lock, which evict() only tries
@@ -101,19 +79,12 @@ class DeviceMemory {
   std::atomic<size_t> limit_;
   std::atomic<double> bandwidth_{8e9};
   std::atomic<uint64_t> copied_[2] = {0, 0};  // [to_device]
-  std::once_flag fence_once_;
-  DeviceBlock fence_;  // what sync_all() names the device by
-  bool fence_ok_ = false;
 };
 
-// The memory of a GPU device that runs kernels in this build (opencl:0, cuda:0), or null.
+// The memory of a device with its own that runs kernels in this build (opencl:0, cuda:0), or null.
 DeviceMemory* device_memory(const Device& d);
-// The OpenCL driver, as device.cpp opened it: CL_DEVICE_MEM_BASE_ADDR_ALIGN of opencl:N in bytes,
-// the cl_device_id behind opencl:N (null if none), an entry point by name (null if absent).
-size_t opencl_offset_align(int index);
-void* opencl_device_id(int index);
-void* opencl_function(const char* name);
-// A function of the CUDA driver (libcuda.so.1) as device.cpp opened it, or null.
-void* cuda_function(const char* name);
+// A byte buffer of `bytes` in `b` (with its one dimension in `dim`); an Error above 2 GiB.
+void byte_buffer(halide_buffer_t& b, halide_dimension_t& dim, size_t bytes);
+std::string human_bytes(double bytes);
 
 }  // namespace opforge::detail
