@@ -72,12 +72,13 @@ Device parse_device(std::string_view name) {
 }
 
 const std::vector<DeviceInfo>& devices() {
-  static const std::vector<DeviceInfo> all = [] {
-    std::vector<DeviceInfo> v;
-    for (const auto& b : detail::backends()) v.push_back(b->info());
+  // Never destroyed, like the backends: threads may still ask while the process exits.
+  static const auto* all = [] {
+    auto* v = new std::vector<DeviceInfo>;
+    for (const auto& b : detail::backends()) v->push_back(b->info());
     return v;
   }();
-  return all;
+  return *all;
 }
 
 bool device_exists(const Device& d) {
