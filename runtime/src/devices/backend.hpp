@@ -80,11 +80,12 @@ class Backend {
   virtual uint64_t used_memory(bool process_only) = 0;
   // Percent busy. By default: the share of a 50 ms window its calls ran (busy_seconds()).
   virtual double utilization();
-  // Time spent running calls here: kept by the dispatcher for queued devices (add_busy,
-  // running_since), by the pool for logical CPU devices.
+  // Time spent running calls here: kept by the dispatcher for queued devices (call_began and
+  // call_ended around each call), by the pool for logical CPU devices.
   virtual double busy_seconds() const;
-  void add_busy(int64_t ns) { busy_ns_ += ns; }
-  std::atomic<int64_t>& running_since() { return running_since_; }
+  void call_began();
+  // `ran`: the call ran to its end, so its time counts as busy.
+  void call_ended(bool ran);
 
  protected:
   // The threads whose busy time utilization() divides by.

@@ -35,10 +35,21 @@ const char* kind_name(DeviceKind k) {
   return "?";
 }
 
+namespace {
+int64_t steady_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+}  // namespace
+
+void Backend::call_began() { running_since_ = steady_ns(); }
+
+void Backend::call_ended(bool ran) {
+  int64_t since = running_since_.exchange(0);
+  if (ran && since) busy_ns_ += steady_ns() - since;
+}
+
 double Backend::busy_seconds() const {
   // A call still running counts up to now, so that a device busy with one long call shows it.
   int64_t since = running_since_.load(), busy = busy_ns_.load();
-  if (since) busy += std::chrono::steady_clock::now().time_since_epoch().count() - since;
+  if (since) busy += steady_ns() - since;
   return double(busy) * 1e-9;
 }
 

@@ -298,14 +298,10 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       Fault fault = Fault::none;
       bool inputs_ok = err.empty();
       if (inputs_ok) {
-        auto t0 = std::chrono::steady_clock::now();
         Backend& b = *s.devices[size_t(d.device)]->backend;
-        b.running_since() = t0.time_since_epoch().count();
+        b.call_began();
         err = run_queued(s, g, d, args, clock, seconds, fault);
-        b.running_since() = 0;
-        b.add_busy(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::steady_clock::now() - t0)
-                       .count());
+        b.call_ended(true);
       }
       accounted = true;
       if (err.empty()) {
@@ -332,7 +328,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
       err = (err.empty() ? call_label(s, g, d) + ": " : err + "; then ") + "an unknown exception";
     }
     if (!accounted) {
-      s.devices[size_t(d.device)]->backend->running_since() = 0;
+      s.devices[size_t(d.device)]->backend->call_ended(false);
       try {
         record_failure(s, g, d, true);
       } catch (...) {

@@ -21,6 +21,8 @@ namespace opforge::detail {
 
 // A device that runs kernels, as the dispatcher keeps it: its backend (what it is, its memory, its
 // user context), its queue (null: calls run on the caller's thread) and how its load is measured.
+// `device`, `mem` and `user_context` are the backend's, copied here so that a call reads them
+// without a virtual call.
 struct ExecDevice {
   Device device;
   Backend* backend = nullptr;

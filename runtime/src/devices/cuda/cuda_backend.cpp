@@ -178,13 +178,14 @@ CudaContexts& contexts() {
   return *d;
 }
 
+constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
+
 size_t gpu_of(void* user_context) {
   auto* u = static_cast<UserContext*>(user_context);
   return u && u->cuda > 0 ? size_t(u->cuda) : 0;
 }
 
 int acquire_context(void* user_context, void** ctx, bool create) {
-  constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
   size_t index = gpu_of(user_context);
   CudaContexts& drv = contexts();
   std::lock_guard<std::mutex> lock(drv.mu);
@@ -214,7 +215,6 @@ int get_stream(void* user_context, void*, void** stream) {
   std::lock_guard<std::mutex> lock(drv.mu);
   if (drv.streams.size() <= index) drv.streams.resize(index + 1);
   if (!drv.streams[index]) {
-    constexpr int kNotInitialized = 3;  // CUDA_ERROR_NOT_INITIALIZED
     if (!drv.stream_create) return kNotInitialized;
     if (int rc = drv.stream_create(&drv.streams[index], 0); rc != 0) return rc;
   }
