@@ -46,6 +46,9 @@ struct Options {
 struct KernelSource {
   std::string op, dtype_key;
   std::function<Pipeline()> build;
+  // Elementwise ops: the same op over one contiguous dimension, the dense companion of the manual
+  // CPU kernel (kernel_abi.hpp); empty for the other families.
+  std::function<Pipeline()> build_dense;
 };
 
 template <class Op>
@@ -59,14 +62,18 @@ void collect_op(const Op& op, dsl::Family family, std::vector<KernelSource>& out
         if constexpr (!std::is_same_v<F, T>) {
           DType f = dtype_of_v<F>, t = dtype_of_v<T>;
           out.push_back({"cast", std::string(dtype_name(f)) + "_to_" + std::string(dtype_name(t)),
-                         [f, t] { return build_cast(f, t); }});
+                         [f, t] { return build_cast(f, t); },
+                         [f, t] { return build_cast(f, t, 1); }});
         }
       });
     });
   } else {
     hana::for_each(op.dtypes, [&](auto type) {
       using T = typename decltype(type)::type;
-      out.push_back({op.name, dtype_str<T>(), [op, type] { return build(op, type); }});
+      KernelSource k{op.name, dtype_str<T>(), [op, type] { return build(op, type); }, {}};
+      if constexpr (Op::family == dsl::Family::elementwise)
+        k.build_dense = [op, type] { return build(op, type, 1); };
+      out.push_back(std::move(k));
     });
   }
 }
@@ -119,6 +126,7 @@ std::string unresolved_ptx_call(const Halide::Module& m, const Halide::Target& t
 
 struct Emitted {
   std::string fn, op, dtype_key, variant, target;
+  std::string dense_fn;  // its dense companion's entry point, empty if none
   Pipeline meta;
   std::vector<int64_t> min_extents;
 };
@@ -168,6 +176,62 @@ int run(const Options& opt) {
     std::string parts_dir = opt.out_dir + "/" + opt.unit + "." + target.tag + ".parts";
     std::filesystem::remove_all(parts_dir);
     std::filesystem::create_directories(parts_dir);
+    // Compiles one kernel into parts_dir/fn.o, or takes it from the cache; false: left out (the
+    // log says why). Sets the call extents the schedule needs.
+    auto compile = [&](Pipeline& p, const std::string& fn, const schedules::Variant& v, bool dense,
+                       std::vector<int64_t>& min_extents, bool& hit) {
+      bool manual = v.scheduler == schedules::Scheduler::manual ||
+                    v.scheduler == schedules::Scheduler::gpu_manual;
+      std::string key = content_hash(definition_text(p) + "variant " + v.name + "\ntarget " +
+                                     t.to_string() + "\nentry " + fn + "\nsources " + sources +
+                                     "\ncompiler " + __VERSION__ + "\n");
+      if (auto reason = cache.skipped(key)) {
+        fprintf(stderr, "opforge-kc: variant %s left out (cached): %s\n", fn.c_str(),
+                reason->c_str());
+        return false;
+      }
+      std::string object = parts_dir + "/" + fn + ".o";
+      Halide::Pipeline pipeline(p.out);
+      // Hand schedules are cheap and return the extents a schedule needs; the autoschedulers
+      // (and compiling) are what the cache saves.
+      if (dense)
+        schedules::manual_dense(p, t);
+      else if (v.scheduler == schedules::Scheduler::manual)
+        min_extents = schedules::schedule_manual(p, t, v.name);
+      else if (v.scheduler == schedules::Scheduler::gpu_manual)
+        min_extents = schedules::schedule_gpu(p);
+      else
+        min_extents = p.set_estimates(v.estimate);
+      hit = cache.fetch(key, object);
+      if (hit) return true;
+      Halide::Module m("", t);
+      try {
+        if (!manual)
+          pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
+                                 Halide::MachineParams(schedules::kMachineParams));
+        // kernel_abi.hpp: an elementwise output may alias an input of the same view.
+        if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
+        m = pipeline.compile_to_module(p.args, fn, t);
+      } catch (const Halide::CompileError& e) {
+        // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit
+        // atomics that OpenCL lacks): that variant is left out, and the log says so. A hand
+        // schedule that fails is a bug.
+        if (manual) throw;
+        fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
+        cache.store_skip(key, e.what());
+        return false;
+      }
+      if (std::string missing = unresolved_ptx_call(m, t); !missing.empty()) {
+        std::string reason =
+            "its PTX calls a C library function the CUDA driver cannot resolve (" + missing + ")";
+        fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), reason.c_str());
+        cache.store_skip(key, reason);
+        return false;
+      }
+      m.compile({{Halide::OutputFileType::object, object}});
+      cache.store(key, object);
+      return true;
+    };
     for (const auto& k : mine) {
       for (const auto& v : variants) {
         if (!opt.only_variants.empty() &&
@@ -186,59 +250,23 @@ int run(const Options& opt) {
         Pipeline p = k.build();
         std::string fn =
             sanitize(opt.prefix + "_" + k.op + "_" + k.dtype_key + "_" + v.name + "_" + target.tag);
-        std::string key = content_hash(definition_text(p) + "variant " + v.name + "\ntarget " +
-                                       t.to_string() + "\nentry " + fn + "\nsources " + sources +
-                                       "\ncompiler " + __VERSION__ + "\n");
-        if (auto reason = cache.skipped(key)) {
-          fprintf(stderr, "opforge-kc: variant %s left out (cached): %s\n", fn.c_str(),
-                  reason->c_str());
-          continue;
-        }
-        std::string object = parts_dir + "/" + fn + ".o";
-        Halide::Pipeline pipeline(p.out);
         std::vector<int64_t> min_extents;
-        // Hand schedules are cheap and return the extents a schedule needs; the autoschedulers
-        // (and compiling) are what the cache saves.
-        if (v.scheduler == schedules::Scheduler::manual)
-          min_extents = schedules::schedule_manual(p, t, v.name);
-        else if (v.scheduler == schedules::Scheduler::gpu_manual)
-          min_extents = schedules::schedule_gpu(p);
-        else
-          min_extents = p.set_estimates(v.estimate);
-        bool hit = cache.fetch(key, object);
-        if (!hit) {
-          Halide::Module m("", t);
-          try {
-            if (!manual)
-              pipeline.auto_schedule(scheduler_plugin(v.scheduler), t,
-                                     Halide::MachineParams(schedules::kMachineParams));
-            // kernel_abi.hpp: an elementwise output may alias an input of the same view.
-            if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
-            m = pipeline.compile_to_module(p.args, fn, t);
-          } catch (const Halide::CompileError& e) {
-            // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit
-            // atomics that OpenCL lacks): that variant is left out, and the log says so. A hand
-            // schedule that fails is a bug.
-            if (manual) throw;
-            fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
-            cache.store_skip(key, e.what());
-            continue;
-          }
-          if (std::string missing = unresolved_ptx_call(m, t); !missing.empty()) {
-            std::string reason =
-                "its PTX calls a C library function the CUDA driver cannot "
-                "resolve (" +
-                missing + ")";
-            fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), reason.c_str());
-            cache.store_skip(key, reason);
-            continue;
-          }
-          m.compile({{Halide::OutputFileType::object, object}});
-          cache.store(key, object);
-        }
+        bool hit = false;
+        if (!compile(p, fn, v, false, min_extents, hit)) continue;
         (hit ? hits : misses)++;
-        parts.push_back(object);
-        emitted.push_back({fn, k.op, k.dtype_key, v.name, target.tag, p, min_extents});
+        parts.push_back(parts_dir + "/" + fn + ".o");
+        emitted.push_back({fn, k.op, k.dtype_key, v.name, target.tag, {}, p, min_extents});
+        // The manual CPU kernel of an elementwise op also gets its dense companion.
+        if (k.build_dense && v.scheduler == schedules::Scheduler::manual) {
+          Pipeline dp = k.build_dense();
+          std::vector<int64_t> unused;
+          bool dense_hit = false;
+          if (compile(dp, fn + "_dense", v, true, unused, dense_hit)) {
+            (dense_hit ? hits : misses)++;
+            parts.push_back(parts_dir + "/" + fn + "_dense.o");
+            emitted.back().dense_fn = fn + "_dense";
+          }
+        }
         if (getenv("OPFORGE_KC_VERBOSE")) {
           double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           fprintf(stderr, "  %-60s %.2fs%s\n", fn.c_str(), s, hit ? " (cached)" : "");
@@ -266,9 +294,11 @@ int run(const Options& opt) {
   std::ofstream reg(opt.out_dir + "/" + opt.unit + ".registry.cpp");
   reg << "// Generated by opforge-kc for " << opt.unit << ": do not edit.\n"
       << "#include <iterator>\n#include \"opforge/kernel_abi.hpp\"\n\nextern \"C\" {\n";
-  for (const auto& e : emitted)
+  for (const auto& e : emitted) {
     reg << "int " << e.fn << "_argv(void**);\nconst struct halide_filter_metadata_t* " << e.fn
         << "_metadata();\n";
+    if (!e.dense_fn.empty()) reg << "int " << e.dense_fn << "_argv(void**);\n";
+  }
   // Each (op, dtype)'s buffers once, shared by its variants and targets.
   reg << "}\n\nnamespace {\nusing opforge::BufferRole;\nusing opforge::DType;\n";
   std::map<std::string, std::string> buffer_tables;  // op/dtype -> table name
@@ -299,7 +329,7 @@ int run(const Options& opt) {
         << ", \"" << e.meta.attrs << "\", " << e.meta.variant_flags << ", \"" << e.variant
         << "\", \"" << e.target << "\", &" << e.fn << "_argv, &" << e.fn << "_metadata, {";
     for (size_t i = 0; i < e.min_extents.size(); i++) reg << (i ? ", " : "") << e.min_extents[i];
-    reg << "}},\n";
+    reg << "}, " << (e.dense_fn.empty() ? "nullptr" : "&" + e.dense_fn + "_argv") << "},\n";
   }
   reg << "};\n}  // namespace\n\n";
   if (opt.static_init) {

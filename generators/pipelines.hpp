@@ -149,18 +149,20 @@ Pipeline start(const Op& op, int num_inputs, int flags = 0) {
 }
 
 // ---- elementwise ----
+// dims: kEwDims for the strided kernel; 1 for its dense companion, whose buffers are contiguous.
 template <class T, class Op>
-Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::elementwise &&
-                                                           requires { op.fn; }) {
+Pipeline build(const Op& op, hana::basic_type<T>,
+               int dims = detail::kEwDims) requires(Op::family == Family::elementwise &&
+                                                    requires { op.fn; }) {
   Pipeline p = start<T>(op, op.arity, op.bool_inputs_mask);
   Type t = halide_type<T>();
-  for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
+  for (int i = 0; i < dims; i++) p.vars.emplace_back("x" + std::to_string(i));
   EwArgs a;
   a.type = t;
   a.out_type = halide_type(p.out_dtype);
   for (int i = 0; i < op.arity; i++) {
     Type ti = (op.bool_inputs_mask >> i) & 1 ? Halide::UInt(8) : t;
-    auto in = detail::add_input(p, ti, detail::kEwDims, "in" + std::to_string(i), true);
+    auto in = detail::add_input(p, ti, dims, "in" + std::to_string(i), dims > 1);
     a.in.push_back(in(p.vars));
   }
   a.attr = detail::make_attrs(p, op.attrs, t);
@@ -191,7 +193,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
 }
 
 // cast: a two-dtype elementwise kernel, built per (from, to) pair by the generator
-inline Pipeline build_cast(DType from, DType to) {
+inline Pipeline build_cast(DType from, DType to, int dims = detail::kEwDims) {
   Pipeline p;
   p.op = "cast";
   p.family = Family::elementwise;
@@ -199,8 +201,8 @@ inline Pipeline build_cast(DType from, DType to) {
   p.out_dtype = to;
   p.dtype_key = std::string(dtype_name(from)) + "_to_" + std::string(dtype_name(to));
   p.num_inputs = 1;
-  for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
-  auto in = detail::add_input(p, halide_type(from), detail::kEwDims, "in0", true);
+  for (int i = 0; i < dims; i++) p.vars.emplace_back("x" + std::to_string(i));
+  auto in = detail::add_input(p, halide_type(from), dims, "in0", dims > 1);
   Expr v = in(p.vars);
   p.out = Func("out");
   p.out(p.vars) = to == DType::Bool ? as_bool(v != Halide::cast(v.type(), 0))

@@ -71,6 +71,18 @@ inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {
   out.specialize(vectors).vectorize(x[0], v);
 }
 
+// The dense companion of an elementwise kernel (one contiguous dimension): the strided kernel's
+// dense branches without its checks of six dimensions' strides, which cost more than adding a
+// few elements does.
+inline void manual_dense(gen::Pipeline& p, const Halide::Target& t) {
+  int v = vector_lanes(t, std::max(p.in_dtype, p.out_dtype));
+  Func& out = p.out;
+  Var x = p.vars[0], xo("xo"), xi("xi");
+  Halide::OutputImageParam ob = out.output_buffers()[0];
+  out.specialize(ob.dim(0).extent() >= 16384).split(x, xo, xi, 8192).parallel(xo).vectorize(xi, v);
+  out.specialize(ob.dim(0).extent() >= v).vectorize(x, v);
+}
+
 // A reduction stage's loop over r in `lanes` independent vector lanes (rfactor), computed at
 // `at`, then combined across the lanes. rfactor appends the lanes' index to the intermediate's
 // dimensions; it is stored innermost, so the lanes are one dense vector.

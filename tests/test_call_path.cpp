@@ -74,6 +74,9 @@ TEST(CallPath, AKnownBucketAllocatesNothingButTheResultsStorage) {
   // Scalar attributes are kernel parameters, not tensors.
   EXPECT_LE(allocations_per_call([&] { Tensor c = opforge::leaky_relu(a, 0.2); }), 1.0);
   EXPECT_LE(allocations_per_call([&] { Tensor c = opforge::clip(m, -0.5, 0.5); }), 1.0);
+  // A number next to a tensor reuses the thread's wrapped-number tensor.
+  EXPECT_LE(allocations_per_call([&] { Tensor c = opforge::add(a, 2.0); }), 1.0);
+  EXPECT_LE(allocations_per_call([&] { Tensor c = opforge::mul(m, -0.5); }), 1.0);
   // Writing into existing tensors allocates nothing.
   Tensor out = Tensor::empty({4});
   EXPECT_LE(allocations_per_call([&] { opforge::add_out(out, a, b); }), 0.0);
@@ -85,6 +88,12 @@ TEST(CallPath, AKnownBucketAllocatesNothingButTheResultsStorage) {
       broadcast_eval({y, a}, [](const std::vector<double>& v) { return v[0] + 0.5 * v[1]; });
   opforge::axpy_(y, 0.5, a);
   expect_close(y, want, DType::Float32, tol_for(DType::Float32));
+  // Each number is its own, also while an earlier result that read another is still alive.
+  Tensor plus2 = opforge::add(a, 2.0), minus3 = opforge::add(a, -3.0);
+  expect_close(plus2, broadcast_eval({a}, [](const std::vector<double>& v) { return v[0] + 2; }),
+               DType::Float32, tol_for(DType::Float32));
+  expect_close(minus3, broadcast_eval({a}, [](const std::vector<double>& v) { return v[0] - 3; }),
+               DType::Float32, tol_for(DType::Float32));
 }
 
 TEST(CallPath, TwoThreadsCallingTinyOpsBothGetTheirResults) {

@@ -101,6 +101,70 @@ TEST(KernelAbi, MismatchedBuffersAreRefusedNamingOpAndBuffer) {
   }
 }
 
+// Every elementwise op's manual CPU kernel has a dense companion (kernel_abi.hpp), and no other
+// variant or family has one.
+TEST(KernelAbi, ElementwiseManualCpuKernelsHaveADenseCompanion) {
+  int companions = 0;
+  for (const opforge::OpInfo* op : opforge::all_ops()) {
+    if (op->name.rfind("test_", 0) == 0) continue;  // the tests' own hand-made tables
+    for (const auto& [key, g] : op->groups)
+      for (const auto& v : g.variants) {
+        bool want =
+            op->family == "elementwise" && v.kind == opforge::DeviceKind::cpu && v.name == "manual";
+        EXPECT_EQ(v.kernel->dense_argv != nullptr, want) << op->name << " " << key << " " << v.name;
+        companions += want;
+      }
+  }
+  EXPECT_GT(companions, 100);
+}
+
+// A call whose every buffer is contiguous runs the dense companion with one-dimensional buffers;
+// a strided or broadcast buffer, or a variant without a companion, runs the strided kernel at full
+// rank, also after a dense call on the same arguments (a retry on another variant).
+TEST(KernelAbi, TheDenseEntryRunsOnlyContiguousCalls) {
+  using namespace opforge::detail;
+  const auto& g = opforge::op_info("add").group("float32");
+  const opforge::KernelVariant* manual = nullptr;
+  const opforge::KernelVariant* other = nullptr;
+  for (const auto& v : g.variants) {
+    if (v.kind != opforge::DeviceKind::cpu) continue;
+    if (v.name == "manual")
+      manual = v.kernel;
+    else if (!other)
+      other = v.kernel;
+  }
+  ASSERT_NE(manual, nullptr);
+  auto six = [](const Tensor& t) {
+    std::vector<const opforge::Shape*> s = {&t.strides()};
+    std::vector<View> vs(1);
+    EXPECT_TRUE(collapse(t.shape(), s, vs));
+    return vs[0].bind(t);
+  };
+  Tensor a = Tensor::rand({3, 5}), b = Tensor::rand({3, 5}), out = Tensor::empty({3, 5});
+  {
+    KernelArgs args;
+    args.input(six(a));
+    args.input(six(b));
+    args.output(six(out));
+    EXPECT_EQ(args.entry_for(*manual), manual->dense_argv);
+    for (int i = 0; i < 3; i++) EXPECT_EQ(args.halide_buffer(i)->dimensions, 1);
+    if (other) {
+      EXPECT_EQ(args.entry_for(*other), other->argv);
+      for (int i = 0; i < 3; i++) EXPECT_EQ(args.halide_buffer(i)->dimensions, 6);
+    }
+  }
+  Tensor at = Tensor::rand({5, 3}).transpose(0, 1);
+  Tensor row = Tensor::rand({1, 5}).expand({3, 5});
+  for (const Tensor* strided : {&at, &row}) {
+    KernelArgs args;
+    args.input(six(*strided));
+    args.input(six(b));
+    args.output(six(out));
+    EXPECT_EQ(args.entry_for(*manual), manual->argv);
+    for (int i = 0; i < 3; i++) EXPECT_EQ(args.halide_buffer(i)->dimensions, 6);
+  }
+}
+
 // The kernels index with 32 bits (no large_buffers): a buffer of 2^31 elements or more is refused
 // before any kernel runs, however it is strided.
 TEST(KernelAbi, BuffersOf2To31ElementsAreRefused) {

@@ -108,6 +108,7 @@ std::string device_kind_name(const std::string& target) {
 struct VariantRow {
   std::string name, target;
   std::vector<int64_t> min_extents;  // in the op family's call extents; 0 = no minimum
+  bool dense_entry = false;          // it has a dense companion for contiguous calls
 };
 
 // A variant usually exists for every dtype of its op; listing it once per op is what a reader
@@ -122,6 +123,7 @@ std::vector<VariantRow> op_variants(const OpInfo& op) {
       VariantRow row{v.name, "", {}};
       if (v.kernel) {
         row.target = v.kernel->target;
+        row.dense_entry = v.kernel->dense_argv != nullptr;
         const int n = std::clamp(v.num_extents, 0, kMaxCallExtents);
         row.min_extents.assign(v.kernel->min_extents, v.kernel->min_extents + n);
       }
@@ -173,7 +175,8 @@ Json info_json() {
       variants.push_back({{"name", v.name},
                           {"device_kind", device_kind_name(v.target)},
                           {"target", v.target},
-                          {"min_extents", v.min_extents}});
+                          {"min_extents", v.min_extents},
+                          {"dense_entry", v.dense_entry}});
     }
     Json buffers = Json::array();
     for (const BufferSpec& b : op_buffers(*op))
@@ -212,7 +215,7 @@ void print_info_text(std::ostream& os) {
   for (const OpInfo* op : ops) {
     std::vector<std::string> cells;
     for (const VariantRow& v : op_variants(*op)) {
-      std::string cell = v.name;
+      std::string cell = v.name + (v.dense_entry ? "+dense" : "");
       if (!v.target.empty() && v.target != device_target) cell += "@" + v.target;
       if (std::any_of(v.min_extents.begin(), v.min_extents.end(),
                       [](int64_t e) { return e > 0; })) {

@@ -70,6 +70,9 @@ struct BufferSpec {
 // At most this many buffers per kernel (the runtime's argument packing holds them inline).
 inline constexpr int kMaxKernelBuffers = 8;
 
+// A generated kernel's argv entry point.
+using KernelEntry = int (*)(void**);
+
 struct KernelVariant {
   const char* op;
   const char* family;     // elementwise, reduction, contraction, window, movement
@@ -81,9 +84,14 @@ struct KernelVariant {
   int flags;          // family-specific kind (reduce/normalize, conv/pool, copy/gather)
   const char* variant;
   const char* target;  // CPU feature level: avx512, avx2, sse41
-  int (*argv)(void**);
+  KernelEntry argv;
   const halide_filter_metadata_t* (*metadata)();
   int64_t min_extents[kMaxCallExtents];  // in the family's call extents; 0 = no minimum
+  // The manual CPU kernel of an elementwise op has a dense companion: the same op and schedule
+  // branch over one contiguous dimension, its buffers passed with dimensions = 1 (the first of
+  // their dims). The runtime calls it when every buffer of a call is contiguous; it skips the
+  // strided kernel's checks of six dimensions, most of a tiny call's time. Null: none.
+  KernelEntry dense_argv = nullptr;
 };
 
 // Adds generated kernels to the process-wide registry. Safe to call from static initialisers.

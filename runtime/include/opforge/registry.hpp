@@ -33,6 +33,9 @@ struct KernelGroup {
   uint32_t id = 0;                  // dense index, for the performance model's keys
   // Bit i set: variant i runs on that device kind (indexed by DeviceKind).
   uint64_t kind_mask[3] = {0, 0, 0};
+  // Bit i set: variant i accepts every call whose extents are all at least 1 (most have no
+  // minimum), so that such a call compares its extents only with the variants that do.
+  uint64_t any_extents = 0;
 };
 
 struct OpInfo {

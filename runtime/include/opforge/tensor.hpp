@@ -78,7 +78,7 @@ class Tensor {
   int64_t offset() const { return offset_; }         // in elements
   int dim() const { return int(shape_.size()); }
   int64_t size(int d) const;
-  int64_t numel() const { return shape_numel(shape_); }
+  int64_t numel() const { return numel_; }
   bool is_contiguous() const;
   size_t element_size() const { return dtype_size(dtype_); }
   // Where the tensor lives: cpu (host memory) or the GPU device it was moved to or computed on.
@@ -159,6 +159,7 @@ class Tensor {
   DType dtype_ = DType::Float32;
   Shape shape_, strides_;
   int64_t offset_ = 0;
+  int64_t numel_ = 1;  // of shape_, counted (and checked) once: the per-call path asks often
 };
 
 Shape contiguous_strides(const Shape& shape);

@@ -68,7 +68,8 @@ Tensor::Tensor(std::shared_ptr<Storage> s, DType d, Shape shape, Shape strides, 
       dtype_(d),
       shape_(std::move(shape)),
       strides_(std::move(strides)),
-      offset_(offset) {}
+      offset_(offset),
+      numel_(shape_numel(shape_)) {}
 
 namespace {
 void check_shape(const Shape& shape, const char* what) {

@@ -50,14 +50,15 @@ std::string call_label(const State& s, const KernelGroup& g, const Decision& d) 
 // kernel failed (another device may run it).
 enum class Fault { none, kernel, arguments, around };
 
-// Calls the kernel on this thread; returns the error message (empty on success). `call_error`:
-// the call's own Halide error slot (null: this thread's).
+// Calls the kernel on this thread; returns the error message (empty on success). `call`: the
+// call's arguments, which choose the kernel's entry point (null: a caller's own argv, run by the
+// strided entry). `call_error`: the call's own Halide error slot (null: this thread's).
 std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void** args,
-                       std::string* call_error, Fault& fault) {
+                       KernelArgs* call, std::string* call_error, Fault& fault) {
   const VariantInfo& v = g.variants[size_t(d.variant)];
   std::string& slot = call_error ? *call_error : thread_halide_error();
   slot.clear();
-  int rc = v.kernel->argv(args);
+  int rc = (call ? call->entry_for(*v.kernel) : v.kernel->argv)(args);
   s.devices[size_t(d.device)]->calls++;
   if (rc == 0) {
     fault = Fault::none;
@@ -76,9 +77,10 @@ std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void**
 
 // Runs the call on the caller's thread, timing it when the model asked for a timing.
 std::string run_inline(State& s, const KernelGroup& g, const Decision& d, void** args,
-                       std::string* call_error, const Clock& clock, double& seconds, Fault& fault) {
+                       KernelArgs* call, std::string* call_error, const Clock& clock,
+                       double& seconds, Fault& fault) {
   double t0 = d.timed ? now_seconds(clock) : 0;
-  std::string err = run_kernel(s, g, d, args, call_error, fault);
+  std::string err = run_kernel(s, g, d, args, call, call_error, fault);
   seconds = d.timed ? now_seconds(clock) - t0 : 0;
   return err;
 }
@@ -104,7 +106,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, Kernel
       return call_label(s, g, d) + ": " + e.what();
     }
     copied = now_seconds(clock) - t0;
-    err = run_kernel(s, g, d, argv, args.error_slot(), fault);
+    err = run_kernel(s, g, d, argv, &args, args.error_slot(), fault);
     if (err.empty()) args.host_done();
     seconds = now_seconds(clock) - t0 - copied;
     return err;
@@ -118,7 +120,7 @@ std::string run_queued(State& s, const KernelGroup& g, const Decision& d, Kernel
       dev.mem->sync_all();
       drained = now_seconds(clock) - t0 - copied;
     }
-    err = run_kernel(s, g, d, argv, args.error_slot(), fault);
+    err = run_kernel(s, g, d, argv, &args, args.error_slot(), fault);
     if (err.empty()) {
       if (d.timed) {
         dev.mem->sync_all();
@@ -246,7 +248,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
     }
     Fault fault = Fault::none;
     if (err.empty())
-      err = run_inline(s, g, d, args.argv(), args.error_slot(), clock, seconds, fault);
+      err = run_inline(s, g, d, args.argv(), &args, args.error_slot(), clock, seconds, fault);
     if (err.empty()) {
       args.host_done();
       record_time(s, g, d, seconds, false);
@@ -360,7 +362,7 @@ void dispatch(const KernelGroup& g, const CallExtents& ext, void** args) {
     if (args && args[0]) *static_cast<void**>(args[0]) = s.devices[size_t(d.device)]->user_context;
     double seconds = 0;
     detail::Fault fault = detail::Fault::none;
-    std::string err = detail::run_inline(s, g, d, args, nullptr, clock, seconds, fault);
+    std::string err = detail::run_inline(s, g, d, args, nullptr, nullptr, clock, seconds, fault);
     if (err.empty()) return detail::record_time(s, g, d, seconds, false);
     if (fault == detail::Fault::arguments) throw Error(err);
     s.sched.failed(d, false);

@@ -38,9 +38,16 @@ std::string extents_str(const CallExtents& ext) {
 
 // The variants whose declared minimum the call meets, as a bit mask.
 uint64_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
-  uint64_t mask = 0;
-  for (size_t i = 0; i < g.variants.size(); i++)
-    if (variant_accepts(g.variants[i], ext)) mask |= uint64_t(1) << i;
+  bool positive = true;
+  for (int d = 0; d < ext.n; d++) positive &= ext.e[d] >= 1;
+  uint64_t mask = positive ? g.any_extents : 0;
+  for (size_t i = 0; i < g.variants.size(); i++) {
+    if ((mask >> i) & 1) continue;
+    const int64_t* min = g.variants[i].kernel->min_extents;
+    int d = 0;
+    while (d < ext.n && ext.e[d] >= min[d]) d++;
+    mask |= uint64_t(d == ext.n) << i;
+  }
   return mask;
 }
 

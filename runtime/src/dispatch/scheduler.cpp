@@ -346,6 +346,11 @@ void Scheduler::finished(const Decision& d, double seconds, bool was_enqueued) {
 
 void Scheduler::set_load(int device, double factor) {
   OPFORGE_CHECK(factor > 0) << "scheduler: load factor must be positive, got " << factor;
+  // Every call with a choice of device passes the latest sample, which changes only when the
+  // load meter samples again: an unchanged one takes no lock and writes no shared line.
+  if (size_t(device) < loads_.size() &&
+      loads_[size_t(device)].load(std::memory_order_relaxed) == factor)
+    return;
   std::lock_guard<std::mutex> lock(mu_);
   dev(device).load = factor;
   loads_[size_t(device)].store(factor, std::memory_order_relaxed);

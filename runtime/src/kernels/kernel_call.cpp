@@ -56,19 +56,78 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
   return v;
 }
 
-void KernelArgs::add(const View& v, BufferRole role) {
+void KernelArgs::add(View& v, BufferRole role) {
   OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
   roles_[size_t(nb_)] = role;
-  storages_[size_t(nb_)] = v.storage;
+  storages_[size_t(nb_)] = std::move(v.storage);
   offsets_[size_t(nb_)] = v.offset_bytes;
   Buf& b = bufs_[size_t(nb_++)];
-  b.b = halide_buffer_t{};
+  b.b.device = 0;
+  b.b.device_interface = nullptr;
   b.b.host = static_cast<uint8_t*>(v.host);
+  b.b.flags = 0;
   b.b.type = halide_type_of(v.dtype);
   b.b.dimensions = v.n;
   b.b.dim = b.d;
+  b.b.padding = nullptr;
   // The kernels are compiled without Halide's large_buffers: each buffer's extents, strides and
   // element count must stay below 2^31. Refused here, before Halide would wrap an index.
+  // Branch-free: the element count saturates at 2^31, so that it cannot overflow.
+  constexpr int64_t kLimit = int64_t(1) << 31;
+  int64_t elements = 1;
+  bool fits = true, dense = v.stride[0] == 1 || v.extent[0] <= 1;
+  for (int i = 0; i < v.n; i++) {
+    const int64_t e = v.extent[i], st = v.stride[i];
+    fits &= (e < kLimit) & (st == int64_t(int32_t(st)));
+    elements = std::min(elements * std::clamp<int64_t>(e, 1, kLimit), kLimit);
+    dense &= (i == 0) | (e == 1);
+    b.d[i] = {0, int32_t(e), int32_t(st), 0};
+  }
+  fits &= elements < kLimit;
+  dense_ = dense_ && dense;
+  ranks_[size_t(nb_ - 1)] = uint8_t(v.n);
+  if (!fits) refuse_large(v);
+}
+
+void KernelArgs::flat(const Tensor& t, int64_t n, BufferRole role) {
+  OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
+  if (n > INT32_MAX) {
+    View v;
+    v.n = 1;
+    v.extent[0] = n;
+    v.stride[0] = 1;
+    refuse_large(v);
+  }
+  roles_[size_t(nb_)] = role;
+  storages_[size_t(nb_)] = t.storage();
+  offsets_[size_t(nb_)] = size_t(t.offset()) * t.element_size();
+  ranks_[size_t(nb_)] = uint8_t(kMaxDims);
+  Buf& b = bufs_[size_t(nb_++)];
+  b.b.device = 0;
+  b.b.device_interface = nullptr;
+  b.b.host = static_cast<uint8_t*>(address(t));
+  b.b.flags = 0;
+  b.b.type = halide_type_of(t.dtype());
+  b.b.dimensions = kMaxDims;
+  b.b.dim = b.d;
+  b.b.padding = nullptr;
+  b.d[0] = {0, int32_t(n), 1, 0};
+  for (int i = 1; i < kMaxDims; i++) b.d[i] = {0, 1, int32_t(n), 0};
+}
+
+KernelEntry KernelArgs::entry_for(const KernelVariant& k) {
+  bool dense = dense_ && k.dense_argv;
+  for (int b = 0; b < nb_; b++) bufs_[size_t(b)].b.dimensions = dense ? 1 : ranks_[size_t(b)];
+  return dense ? k.dense_argv : k.argv;
+}
+
+int KernelArgs::first_written() const {
+  for (int b = 0; b < nb_; b++)
+    if (writes(b)) return b;
+  return -1;
+}
+
+void KernelArgs::refuse_large(const View& v) {
   int64_t elements = 1;
   for (int i = 0; i < v.n; i++) {
     OPFORGE_CHECK(v.extent[i] <= INT32_MAX && v.stride[i] <= INT32_MAX && v.stride[i] >= INT32_MIN)
@@ -78,14 +137,8 @@ void KernelArgs::add(const View& v, BufferRole role) {
     OPFORGE_CHECK(elements <= INT32_MAX)
         << "a tensor of " << elements << "+ elements in one kernel call exceeds the 2^31-element "
         << "limit of generated kernels (they are built without Halide's large_buffers)";
-    b.d[i] = {0, int32_t(v.extent[i]), int32_t(v.stride[i]), 0};
   }
-}
-
-int KernelArgs::first_written() const {
-  for (int b = 0; b < nb_; b++)
-    if (writes(b)) return b;
-  return -1;
+  throw Error("internal: a buffer was refused as too large, but every dimension fits");
 }
 
 namespace {

@@ -78,9 +78,13 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents);
 // argv() builds the pointer array where the object finally lives.
 class KernelArgs {
  public:
-  void input(const View& v) { add(v, BufferRole::input); }
-  void output(const View& v) { add(v, BufferRole::output); }
-  void inout(const View& v) { add(v, BufferRole::inout); }
+  KernelArgs() {}
+  // A contiguous tensor of n elements as the six-dimensional kernels' flat view (what collapse()
+  // makes of it), without building a View.
+  void flat(const Tensor& t, int64_t n, BufferRole role);
+  void input(View v) { add(v, BufferRole::input); }
+  void output(View v) { add(v, BufferRole::output); }
+  void inout(View v) { add(v, BufferRole::inout); }
   void attrs(const OpInfo& op, std::span<const double> values);
   void attrs(const OpInfo& op, std::initializer_list<double> values) {
     attrs(op, std::span<const double>(values.begin(), values.size()));
@@ -92,6 +96,10 @@ class KernelArgs {
   }
   std::string* error_slot() { return &error_; }
   void** argv();
+  // The entry point of k that runs this call: its dense companion (kernel_abi.hpp) when it has one
+  // and every buffer is contiguous, with the buffers passed as one-dimensional; else its strided
+  // kernel, with the buffers at their full rank.
+  KernelEntry entry_for(const KernelVariant& k);
   int num_buffers() const { return nb_; }
   BufferRole role(int b) const { return roles_[size_t(b)]; }
   bool reads(int b) const { return opforge::reads(roles_[size_t(b)]); }
@@ -117,18 +125,28 @@ class KernelArgs {
   void device_done(DeviceMemory& mem, bool ran);
 
  private:
-  void add(const View& v, BufferRole role);
+  void add(View& v, BufferRole role);  // takes v's storage
+  [[noreturn]] static void refuse_large(const View& v);
   enum class Slot : uint8_t { f64, i32 };
   static constexpr size_t kBufs = size_t(kMaxKernelBuffers);
+  // Left uninitialised until add() sets them: zeroing every slot's dims on each call cost more
+  // than the rest of building the arguments.
   struct Buf {
+    Buf() {}
     halide_buffer_t b;
-    halide_dimension_t d[kMaxDims];
+    union {
+      halide_dimension_t d[kMaxDims];
+    };
   };
   std::array<Buf, kBufs> bufs_;  // set by add(), only those used
   std::array<BufferRole, kBufs> roles_{};
+  std::array<uint8_t, kBufs> ranks_;  // set by add()
+  bool dense_ = true;                 // every buffer so far is contiguous
   std::array<std::shared_ptr<Storage>, kBufs> storages_{};
-  std::array<size_t, kBufs> offsets_;        // bytes; set by add()
-  std::array<DeviceHandle, kBufs> handles_;  // a GPU call's device handles; set by bind()
+  std::array<size_t, kBufs> offsets_;  // bytes; set by add()
+  union {
+    std::array<DeviceHandle, kBufs> handles_;  // a GPU call's device handles; set by bind()
+  };
   std::array<DeviceBlock*, kBufs>
       staged_{};                      // a GPU call's dense copies of views it cannot address
   std::array<bool, kBufs> pinned_{};  // a GPU call's storages whose device copy it pinned

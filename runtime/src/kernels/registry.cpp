@@ -173,6 +173,12 @@ void register_kernels(const KernelVariant* variants, size_t count) {
     for (auto& b : op->by_dtype) b = nullptr;
     for (auto& [key, g] : op->groups) {
       g.op = op;
+      g.any_extents = 0;
+      for (size_t i = 0; i < g.variants.size(); i++)
+        if (std::all_of(std::begin(g.variants[i].kernel->min_extents),
+                        std::end(g.variants[i].kernel->min_extents),
+                        [](int64_t e) { return e <= 1; }))
+          g.any_extents |= uint64_t(1) << i;
       for (DType d : kAllDTypes)
         if (key == dtype_name(d)) op->by_dtype[size_t(d)] = &g;
     }

@@ -2,8 +2,10 @@
 // any N-d call onto at most six strided dims.
 #include <climits>
 #include <cmath>
+#include <functional>
 #include <span>
 
+#include "core/storage.hpp"
 #include "kernels/kernel_call.hpp"
 
 namespace opforge {
@@ -80,14 +82,52 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const 
     if (views[in.size() + k].stride[0] != 1) return false;
   KernelArgs args;
   for (size_t i = 0; i < in.size(); i++) {
+    View& v = views[i].bind(*src[i]);
     if (i == inout)
-      args.inout(views[i].bind(*src[i]));
+      args.inout(std::move(v));
     else
-      args.input(views[i].bind(*src[i]));
+      args.input(std::move(v));
   }
   args.attrs(op, attrs);
-  for (size_t k = 0; k < results.size(); k++) args.output(views[in.size() + k].bind(results[k]));
+  for (size_t k = 0; k < results.size(); k++)
+    args.output(std::move(views[in.size() + k].bind(results[k])));
   launch(g, extents_of(views[first_out]), std::move(args));
+  return true;
+}
+
+// The common call without copying its tensors, broadcasting or collapsing: new results (no out=,
+// no in-place buffer), every input already at the kernel's dtype, all of one shape and
+// contiguous. Returns false, doing nothing, when the call is not one; the general path below
+// then runs it.
+bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<const double> attrs,
+               TensorList& results) {
+  if (op.inout >= 0 || int(in.size()) != op.num_inputs || in.empty() || op.family != "elementwise")
+    return false;
+  bool any = false;
+  DType compute = DType::Bool;
+  for (size_t i = 0; i < in.size(); i++) {
+    if (!in[i]->defined()) return false;
+    if ((op.flags >> i) & 1) continue;
+    compute = any ? promote(compute, in[i]->dtype()) : in[i]->dtype();
+    any = true;
+  }
+  const KernelGroup* g = op.find_group(compute);
+  if (!g) return false;
+  const Shape& shape = in[0]->shape();
+  for (size_t i = 0; i < in.size(); i++) {
+    const Tensor& t = *in[i];
+    if (t.dtype() != ((op.flags >> i) & 1 ? DType::Bool : g->in_dtype)) return false;
+    if (i > 0 && t.shape() != shape) return false;
+    if (!t.is_contiguous()) return false;
+  }
+  const int64_t n = in[0]->numel();
+  if (n == 0) return false;
+  for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor::empty(shape, g->out_dtype));
+  KernelArgs args;
+  for (const Tensor* t : in) args.flat(*t, n, BufferRole::input);
+  args.attrs(op, attrs);
+  for (const Tensor& r : results) args.flat(r, n, BufferRole::output);
+  launch(*g, extents({n, 1, 1, 1, 1, 1}), std::move(args));
   return true;
 }
 
@@ -103,6 +143,13 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
       << op.name << ": expected " << op.num_inputs << " input(s), got " << inputs.size();
   OPFORGE_CHECK(outs.empty() || int(outs.size()) == op.num_outputs)
       << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs.size();
+  if (outs.empty()) {
+    std::array<const Tensor*, TensorList::kCapacity> refs;
+    for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
+    TensorList results;
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs, results))
+      return results;
+  }
   TensorList in(inputs);
   bool any = false;
   DType compute = DType::Bool;
@@ -176,15 +223,51 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
   return TensorList(outs);
 }
 
-TensorList run_elementwise(const OpInfo& op, std::initializer_list<Tensor> in,
+// The op functions' form: the tensors by reference, copied only where the general path needs them.
+using TensorRef = std::reference_wrapper<const Tensor>;
+TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
                            std::initializer_list<double> attrs,
-                           std::initializer_list<Tensor> outs = {}) {
-  return run_elementwise(op, std::span<const Tensor>(in.begin(), in.size()),
-                         std::span<const double>(attrs.begin(), attrs.size()),
-                         std::span<const Tensor>(outs.begin(), outs.size()));
+                           std::initializer_list<TensorRef> outs = {}) {
+  std::span<const double> a(attrs.begin(), attrs.size());
+  if (outs.size() == 0 && in.size() <= TensorList::kCapacity) {
+    std::array<const Tensor*, TensorList::kCapacity> refs;
+    size_t n = 0;
+    for (const Tensor& t : in) refs[n++] = &t;
+    TensorList results;
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n), a, results)) return results;
+  }
+  TensorList ins, os;
+  for (const Tensor& t : in) ins.push_back(t);
+  for (const Tensor& t : outs) os.push_back(t);
+  return run_elementwise(op, ins.span(), a, os.span());
 }
 
-// A Python number next to a tensor takes the tensor's dtype unless it does not fit it.
+// Writes v into a 0-d host tensor of dtype d.
+void set_scalar(const Tensor& t, double v) {
+  void* p = t.data();
+  switch (t.dtype()) {
+    case DType::Bool:
+      *static_cast<uint8_t*>(p) = v != 0;
+      break;
+    case DType::Int32:
+      *static_cast<int32_t*>(p) = int32_t(v);
+      break;
+    case DType::Int64:
+      *static_cast<int64_t*>(p) = int64_t(v);
+      break;
+    case DType::Float32:
+      *static_cast<float*>(p) = float(v);
+      break;
+    case DType::Float64:
+      *static_cast<double*>(p) = v;
+      break;
+  }
+}
+
+// A Python number next to a tensor takes the tensor's dtype unless it does not fit it. It becomes
+// a 0-d tensor (PyTorch's wrapped number); each thread keeps one per dtype and writes the next
+// number into it once nothing else holds it (a queued call still reading it does), so that
+// add(x, 2.0) allocates nothing but its result.
 Tensor scalar_for(const Tensor& t, double v) {
   bool integral = std::floor(v) == v && std::isfinite(v);
   DType d = t.dtype();
@@ -192,7 +275,14 @@ Tensor scalar_for(const Tensor& t, double v) {
   if (!is_floating(d) && !integral) d = DType::Float32;
   if (d == DType::Int32 && (v < INT32_MIN || v > INT32_MAX)) d = DType::Int64;
   if (d == DType::Int64 && (v < -0x1p63 || v >= 0x1p63)) d = DType::Float64;
-  return Tensor::scalar(v, d);
+  thread_local std::array<Tensor, std::size(kAllDTypes)> wrapped;
+  Tensor& w = wrapped[size_t(d)];
+  if (w.defined() && w.storage().use_count() == 1 && !w.storage()->on_gpus()) {
+    set_scalar(w, v);
+    return w;
+  }
+  w = Tensor::scalar(v, d);
+  return w;
 }
 
 Tensor one_result(const OpInfo& op, TensorList results) {
