@@ -36,6 +36,9 @@ struct KernelGroup {
   // Bit i set: variant i accepts every call whose extents are all at least 1 (most have no
   // minimum), so that such a call compares its extents only with the variants that do.
   uint64_t any_extents = 0;
+  // Some variant has a dense companion (kernel_abi.hpp): the placement model then keeps contiguous
+  // calls apart from strided ones of the same extents, since they run other code.
+  bool has_dense = false;
 };
 
 struct OpInfo {

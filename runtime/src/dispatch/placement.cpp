@@ -15,11 +15,14 @@ namespace {
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
-// Group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler adds the device in
-// the top 6 bits and keys its entries by the candidates' variant sets too: a bucket spans extents
-// on both sides of a variant's minimum, so which variants accept the call is part of the entry.
-uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext) {
+// Dense (bit 54) | group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler adds
+// the device in the top 6 bits and keys its entries by the candidates' variant sets too: a bucket
+// spans extents on both sides of a variant's minimum, so which variants accept the call is part of
+// the entry. Dense: a contiguous call of a group with dense companions, which run other code than
+// a strided call of the same extents.
+uint64_t bucket_key(const KernelGroup& g, const CallExtents& ext, const KernelArgs* args) {
   uint64_t key = uint64_t(g.id & 0xFFFFFF) << 30;
+  if (g.has_dense && args && args->dense()) key |= uint64_t(1) << 54;
   for (int i = 0; i < ext.n; i++) key |= uint64_t(std::min(ceil_log2(ext.e[i]), 31)) << (5 * i);
   return key;
 }
@@ -248,8 +251,8 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     }
     for (const auto& c : cands) not_before(c.device, backlog(c.device));
   }
-  Decision d = s.sched.decide(bucket_key(g, ext), cands, transfer_times(s, args, cands), now, s.log,
-                              inputs_ready);
+  Decision d = s.sched.decide(bucket_key(g, ext, args), cands, transfer_times(s, args, cands), now,
+                              s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   count_call(g, d.variant, d.device);
   return d;

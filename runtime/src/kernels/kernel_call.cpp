@@ -75,7 +75,7 @@ void KernelArgs::add(View& v, BufferRole role) {
   // Branch-free: the element count saturates at 2^31, so that it cannot overflow.
   constexpr int64_t kLimit = int64_t(1) << 31;
   int64_t elements = 1;
-  bool fits = true, dense = v.stride[0] == 1 || v.extent[0] <= 1;
+  bool fits = true, dense = v.stride[0] == 1;  // the dense entry's buffers are unit-strided
   for (int i = 0; i < v.n; i++) {
     const int64_t e = v.extent[i], st = v.stride[i];
     fits &= (e < kLimit) & (st == int64_t(int32_t(st)));

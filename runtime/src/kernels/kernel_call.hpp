@@ -101,6 +101,8 @@ class KernelArgs {
   // kernel, with the buffers at their full rank.
   KernelEntry entry_for(const KernelVariant& k);
   int num_buffers() const { return nb_; }
+  // Every buffer is contiguous: a variant with a dense companion runs that (entry_for).
+  bool dense() const { return dense_; }
   BufferRole role(int b) const { return roles_[size_t(b)]; }
   bool reads(int b) const { return opforge::reads(roles_[size_t(b)]); }
   bool writes(int b) const { return opforge::writes(roles_[size_t(b)]); }

@@ -174,6 +174,8 @@ void register_kernels(const KernelVariant* variants, size_t count) {
     for (auto& [key, g] : op->groups) {
       g.op = op;
       g.any_extents = 0;
+      g.has_dense = false;
+      for (const VariantInfo& v : g.variants) g.has_dense = g.has_dense || v.kernel->dense_argv;
       for (size_t i = 0; i < g.variants.size(); i++)
         if (std::all_of(std::begin(g.variants[i].kernel->min_extents),
                         std::end(g.variants[i].kernel->min_extents),

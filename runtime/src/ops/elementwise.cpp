@@ -265,25 +265,40 @@ void set_scalar(const Tensor& t, double v) {
 }
 
 // A Python number next to a tensor takes the tensor's dtype unless it does not fit it. It becomes
-// a 0-d tensor (PyTorch's wrapped number); each thread keeps one per dtype and writes the next
-// number into it once nothing else holds it (a queued call still reading it does), so that
-// add(x, 2.0) allocates nothing but its result.
-Tensor scalar_for(const Tensor& t, double v) {
-  bool integral = std::floor(v) == v && std::isfinite(v);
-  DType d = t.dtype();
-  if (d == DType::Bool) d = integral ? DType::Int64 : DType::Float32;
-  if (!is_floating(d) && !integral) d = DType::Float32;
-  if (d == DType::Int32 && (v < INT32_MIN || v > INT32_MAX)) d = DType::Int64;
-  if (d == DType::Int64 && (v < -0x1p63 || v >= 0x1p63)) d = DType::Float64;
-  thread_local std::array<Tensor, std::size(kAllDTypes)> wrapped;
-  Tensor& w = wrapped[size_t(d)];
-  if (w.defined() && w.storage().use_count() == 1 && !w.storage()->on_gpus()) {
-    set_scalar(w, v);
-    return w;
+// a 0-d tensor (PyTorch's wrapped number) for the length of the call that reads it: each thread
+// keeps one per dtype and writes the next number into it, so that add(x, 2.0) allocates nothing
+// but its result. One that a queued call still holds, or that went to a GPU, is not kept: no
+// device memory outlives the call, and no queued call reads a number written after it.
+class WrappedNumber {
+ public:
+  WrappedNumber(const Tensor& like, double v) {
+    bool integral = std::floor(v) == v && std::isfinite(v);
+    DType d = like.dtype();
+    if (d == DType::Bool) d = integral ? DType::Int64 : DType::Float32;
+    if (!is_floating(d) && !integral) d = DType::Float32;
+    if (d == DType::Int32 && (v < INT32_MIN || v > INT32_MAX)) d = DType::Int64;
+    if (d == DType::Int64 && (v < -0x1p63 || v >= 0x1p63)) d = DType::Float64;
+    thread_local std::array<Tensor, std::size(kAllDTypes)> kept;
+    slot_ = &kept[size_t(d)];
+    if (slot_->defined() && slot_->storage().use_count() == 1 && !slot_->storage()->on_gpus())
+      set_scalar(*slot_, v);
+    else
+      *slot_ = Tensor::scalar(v, d);
+    t_ = *slot_;
   }
-  w = Tensor::scalar(v, d);
-  return w;
-}
+  ~WrappedNumber() {
+    t_ = Tensor();
+    // Kept only if the call is over (no queued call holds it: it may yet copy it to its device).
+    if (slot_->storage().use_count() > 1 || slot_->storage()->on_gpus()) *slot_ = Tensor();
+  }
+  WrappedNumber(const WrappedNumber&) = delete;
+  WrappedNumber& operator=(const WrappedNumber&) = delete;
+  operator const Tensor&() const { return t_; }  // NOLINT: used where the op takes a tensor
+
+ private:
+  Tensor t_;
+  Tensor* slot_;
+};
 
 Tensor one_result(const OpInfo& op, TensorList results) {
   OPFORGE_CHECK(results.size() == 1) << op.name << " has " << results.size()
@@ -334,18 +349,18 @@ Tensor clip_out(const Tensor& out, const Tensor& x, double lo, double hi) {
 }
 Tensor clip(const Tensor& x, double lo, double hi) { return clip_out({}, x, lo, hi); }
 
-#define OPFORGE_DEFINE_BINARY(name)                                            \
-  Tensor name(const Tensor& a, const Tensor& b) {                              \
-    static const OpInfo& op = op_info(#name);                                  \
-    return std::move(run_elementwise(op, {a, b}, {})[0]);                      \
-  }                                                                            \
-  Tensor name(const Tensor& a, double b) { return name(a, scalar_for(a, b)); } \
-  Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b) {     \
-    static const OpInfo& op = op_info(#name);                                  \
-    return std::move(run_elementwise(op, {a, b}, {}, {out})[0]);               \
-  }                                                                            \
-  Tensor name##_out(const Tensor& out, const Tensor& a, double b) {            \
-    return name##_out(out, a, scalar_for(a, b));                               \
+#define OPFORGE_DEFINE_BINARY(name)                                               \
+  Tensor name(const Tensor& a, const Tensor& b) {                                 \
+    static const OpInfo& op = op_info(#name);                                     \
+    return std::move(run_elementwise(op, {a, b}, {})[0]);                         \
+  }                                                                               \
+  Tensor name(const Tensor& a, double b) { return name(a, WrappedNumber(a, b)); } \
+  Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b) {        \
+    static const OpInfo& op = op_info(#name);                                     \
+    return std::move(run_elementwise(op, {a, b}, {}, {out})[0]);                  \
+  }                                                                               \
+  Tensor name##_out(const Tensor& out, const Tensor& a, double b) {               \
+    return name##_out(out, a, WrappedNumber(a, b));                               \
   }
 OPFORGE_BINARY_OPS(OPFORGE_DEFINE_BINARY)
 #undef OPFORGE_DEFINE_BINARY
@@ -400,16 +415,16 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   }
   return in_place(*this, "add", mul(other, alpha));
 }
-Tensor& Tensor::add_(double other) { return add_(scalar_for(*this, other)); }
+Tensor& Tensor::add_(double other) { return add_(WrappedNumber(*this, other)); }
 Tensor& Tensor::sub_(const Tensor& other, double alpha) {
   if (alpha == 1) return in_place(*this, "sub", other);
   return add_(other, -alpha);
 }
-Tensor& Tensor::sub_(double other) { return in_place(*this, "sub", scalar_for(*this, other)); }
+Tensor& Tensor::sub_(double other) { return in_place(*this, "sub", WrappedNumber(*this, other)); }
 Tensor& Tensor::mul_(const Tensor& other) { return in_place(*this, "mul", other); }
-Tensor& Tensor::mul_(double other) { return in_place(*this, "mul", scalar_for(*this, other)); }
+Tensor& Tensor::mul_(double other) { return in_place(*this, "mul", WrappedNumber(*this, other)); }
 Tensor& Tensor::div_(const Tensor& other) { return in_place(*this, "div", other); }
-Tensor& Tensor::div_(double other) { return in_place(*this, "div", scalar_for(*this, other)); }
+Tensor& Tensor::div_(double other) { return in_place(*this, "div", WrappedNumber(*this, other)); }
 Tensor& Tensor::clamp_(double min, double max) {
   OPFORGE_CHECK(defined()) << "clamp_: the tensor is undefined";
   clip_out(*this, *this, min, max);
