@@ -7,4 +7,5 @@
 #include "opforge/error.hpp"
 #include "opforge/ops.hpp"
 #include "opforge/registry.hpp"
+#include "opforge/safetensors.hpp"
 #include "opforge/tensor.hpp"

@@ -151,6 +151,7 @@ class Scheduler {
   // Models a reset replaced: the lock-free path may still hold pointers into them (it checks the
   // generation before it uses one), so their entries are never freed.
   std::vector<Model> retired_;
+  const uint64_t id_;  // unique in the process (the fast slots' owner; scheduler.cpp)
   std::vector<DeviceState> devices_;
   std::vector<std::atomic<double>> loads_;  // DeviceState::load, for the lock-free path
   std::atomic<uint64_t> generation_{0};

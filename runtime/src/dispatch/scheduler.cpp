@@ -19,7 +19,7 @@ double median(std::vector<double> v) {
 // entry, and its variant, without the lock. Direct-mapped; a slot is valid for one scheduler and
 // generation (a reset makes every slot stale).
 struct FastSlot {
-  const Scheduler* owner = nullptr;
+  uint64_t owner = 0;  // the scheduler's id(): unlike its address, never reused
   uint64_t generation = 0, key = 0;
   int device = -1;
   uint64_t variants = 0;
@@ -34,7 +34,15 @@ FastSlot& fast_slot(uint64_t key, int device, uint64_t variants) {
   return slots[(h >> 58) % kFastSlots];
 }
 
-Scheduler::Scheduler(int max_devices) : devices_(size_t(max_devices)), loads_(size_t(max_devices)) {
+// A scheduler made where a destroyed one lived must not match the fast slots that one left behind
+// (its entries are gone): slots name their scheduler by an id no other scheduler ever gets.
+static uint64_t fresh_scheduler_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+Scheduler::Scheduler(int max_devices)
+    : id_(fresh_scheduler_id()), devices_(size_t(max_devices)), loads_(size_t(max_devices)) {
   for (auto& l : loads_) l.store(1.0);
 }
 
@@ -100,7 +108,7 @@ bool Scheduler::decide_fast(uint64_t key, const Candidate& c, const std::vector<
                             Decision& d) {
   FastSlot& f = fast_slot(key, c.device, c.variants);
   uint64_t gen = generation_.load(std::memory_order_acquire);
-  if (f.owner != this || f.generation != gen || f.key != key || f.device != c.device ||
+  if (f.owner != id_ || f.generation != gen || f.key != key || f.device != c.device ||
       f.variants != c.variants)
     return false;
   const Entry& e = *static_cast<const Entry*>(f.entry);
@@ -150,8 +158,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     // Remembered for the lock-free path of this thread's next calls.
     FastSlot& f = fast_slot(key, cands[0].device, cands[0].variants);
     Entry& e = entry(key, cands[0].device, cands[0].variants);
-    if (f.entry != &e || f.owner != this || f.generation != generation_) f.calls = e.calls;
-    f = {this, generation_, key, cands[0].device, cands[0].variants, &e, f.calls};
+    if (f.entry != &e || f.owner != id_ || f.generation != generation_) f.calls = e.calls;
+    f = {id_, generation_, key, cands[0].device, cands[0].variants, &e, f.calls};
   }
   d.key = key;
   d.generation = generation_;

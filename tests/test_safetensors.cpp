@@ -1,0 +1,160 @@
+// safetensors files: a round trip of every dtype and layout, the byte layout the format defines
+// (and the reference writer produces), and a clear Error for each kind of broken file.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "opforge/opforge.hpp"
+#include "reference.hpp"
+
+namespace {
+using namespace ref;
+namespace fs = std::filesystem;
+
+std::string temp_path(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("opforge_safetensors_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A file as the format defines it: the header's length (8 bytes, little-endian), the header, the
+// data.
+std::string file_of(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; i++) out[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  return out + header + data;
+}
+
+TEST(Safetensors, RoundTripOfEveryDtypeAndLayout) {
+  std::map<std::string, Tensor> in;
+  in["w.f32"] = random({3, 5}, DType::Float32, Data::Normal, "st/f32");
+  in["w.f64"] = random({2, 2, 3}, DType::Float64, Data::Normal, "st/f64");
+  in["i32"] = random({7}, DType::Int32, Data::Normal, "st/i32");
+  in["i64"] = random({2, 3}, DType::Int64, Data::Normal, "st/i64");
+  in["mask"] = random({4, 2}, DType::Bool, Data::Normal, "st/bool");
+  in["transposed"] = random({4, 6}, DType::Float32, Data::Normal, "st/t").transpose(0, 1);
+  in["scalar"] = Tensor::scalar(3.25, DType::Float64);
+  in["empty"] = Tensor::empty({0, 3});
+  std::string path = temp_path("round_trip.safetensors");
+  opforge::save_safetensors(path, in, {{"format", "pt"}, {"step", "12"}});
+  opforge::SafetensorsFile f = opforge::load_safetensors(path);
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  EXPECT_EQ(f.metadata.at("step"), "12");
+  ASSERT_EQ(f.tensors.size(), in.size());
+  for (const auto& [name, t] : in) {
+    const Tensor& got = f.tensors.at(name);
+    EXPECT_EQ(got.dtype(), t.dtype()) << name;
+    EXPECT_EQ(got.shape(), t.shape()) << name;
+    EXPECT_EQ(got.to_double_vector(), t.to_double_vector()) << name;  // bit-exact
+  }
+}
+
+TEST(Safetensors, ByteLayoutIsTheFormats) {
+  Tensor a = Tensor::from_vector(std::vector<float>{1.0f, -2.5f});
+  Tensor b = Tensor::from_vector(std::vector<int64_t>{7, -1, 3}, {3, 1});
+  std::string path = temp_path("layout.safetensors");
+  opforge::save_safetensors(path, {{"b", b}, {"a", a}});
+  std::string bytes = read_bytes(path);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++) n |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
+  EXPECT_EQ((8 + n) % 8, 0u) << "the header is padded to a multiple of 8";
+  std::string header = bytes.substr(8, n);
+  // Tensors in name order, each with its byte range; spaces pad the header.
+  EXPECT_EQ(header.substr(0, header.find_last_not_of(' ') + 1),
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("b":{"dtype":"I64","shape":[3,1],"data_offsets":[8,32]}})");
+  ASSERT_EQ(bytes.size(), 8 + n + 32);
+  float fa[2];
+  int64_t ib[3];
+  std::memcpy(fa, bytes.data() + 8 + n, 8);
+  std::memcpy(ib, bytes.data() + 8 + n + 8, 24);
+  EXPECT_EQ(fa[0], 1.0f);
+  EXPECT_EQ(fa[1], -2.5f);
+  EXPECT_EQ(ib[0], 7);
+  EXPECT_EQ(ib[1], -1);
+  EXPECT_EQ(ib[2], 3);
+}
+
+// A file as another writer makes it: keys in any order, __metadata__ anywhere, no padding.
+TEST(Safetensors, ReadsWhatOtherWritersWrite) {
+  float w[4] = {0.5f, 1.5f, -3.0f, 8.0f};
+  double bias = -0.125;
+  std::string data(reinterpret_cast<const char*>(&bias), 8);
+  data += std::string(reinterpret_cast<const char*>(w), 16);
+  std::string path = temp_path("other_writer.safetensors");
+  write_bytes(path, file_of(R"({"weight":{"shape":[2,2],"dtype":"F32","data_offsets":[8,24]},)"
+                            R"("__metadata__":{"format":"pt"},)"
+                            R"("bias":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})",
+                            data));
+  opforge::SafetensorsFile f = opforge::load_safetensors(path);
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  EXPECT_EQ(f.tensors.at("weight").shape(), (opforge::Shape{2, 2}));
+  EXPECT_EQ(f.tensors.at("weight").to_double_vector(), (std::vector<double>{0.5, 1.5, -3, 8}));
+  EXPECT_EQ(f.tensors.at("bias").dim(), 0);
+  EXPECT_EQ(f.tensors.at("bias").item(), -0.125);
+}
+
+TEST(Safetensors, BrokenFilesAreClearErrors) {
+  std::string path = temp_path("broken.safetensors");
+  auto load_error = [&](const std::string& bytes) {
+    write_bytes(path, bytes);
+    return error_message([&] { opforge::load_safetensors(path); });
+  };
+  const std::string ok = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  EXPECT_NE(load_error("abc").find("too short"), std::string::npos);
+  EXPECT_NE(load_error(std::string(8, '\xff')).find("runs past the file"), std::string::npos);
+  EXPECT_NE(load_error(file_of("{not json", "")).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(load_error(file_of("[1,2]", "")).find("not a JSON object"), std::string::npos);
+  std::string m = load_error(
+      file_of(R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0')));
+  EXPECT_NE(m.find("dtype BF16"), std::string::npos) << m;
+  m = load_error(
+      file_of(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0')));
+  EXPECT_NE(m.find("needs 12"), std::string::npos) << m;
+  m = load_error(file_of(ok, std::string(5, '\0')));  // truncated data
+  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  m = load_error(file_of(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                         R"("y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                         std::string(8, '\0')));
+  EXPECT_NE(m.find("overlap"), std::string::npos) << m;
+  m = load_error(
+      file_of(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, '\0')));
+  EXPECT_NE(m.find("not a size"), std::string::npos) << m;
+  m = load_error(file_of(R"({"x":{"dtype":"F32","data_offsets":[0,8]}})", std::string(8, '\0')));
+  EXPECT_NE(m.find("has no shape"), std::string::npos) << m;
+  m = error_message([&] { opforge::load_safetensors(temp_path("missing.safetensors")); });
+  EXPECT_NE(m.find("cannot open"), std::string::npos) << m;
+}
+
+// A write that fails leaves the previous file whole.
+TEST(Safetensors, AFailedSaveKeepsThePreviousFile) {
+  std::string path = temp_path("kept.safetensors");
+  Tensor a = random({3}, DType::Float32, Data::Normal, "st/kept");
+  opforge::save_safetensors(path, {{"a", a}});
+  std::string m = error_message([&] {
+    opforge::save_safetensors(path, {{"a", a}, {"b", Tensor()}});
+  });
+  EXPECT_NE(m.find("'b' is undefined"), std::string::npos) << m;
+  EXPECT_EQ(opforge::load_safetensors(path).tensors.at("a").to_double_vector(),
+            a.to_double_vector());
+  m = error_message([&] {
+    opforge::save_safetensors(temp_path("no/such/dir/x.safetensors"), {{"a", a}});
+  });
+  EXPECT_NE(m.find("cannot write"), std::string::npos) << m;
+}
+
+}  // namespace
