@@ -21,21 +21,11 @@ static_assert(std::endian::native == std::endian::little,
 // 100 MB too).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::Bool:
-      return "BOOL";
-    case DType::Int32:
-      return "I32";
-    case DType::Int64:
-      return "I64";
-    case DType::Float32:
-      return "F32";
-    case DType::Float64:
-      return "F64";
-  }
-  return "";
-}
+// safetensors' dtype names, indexed by DType (Bool, Int32, Int64, Float32, Float64).
+constexpr const char* kStDtypes[] = {"BOOL", "I32", "I64", "F32", "F64"};
+static_assert(std::size(kStDtypes) == std::size(kAllDTypes));
+
+const char* st_dtype(DType d) { return kStDtypes[size_t(d)]; }
 
 DType from_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
   for (DType d : kAllDTypes)

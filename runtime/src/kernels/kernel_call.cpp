@@ -56,20 +56,27 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
   return v;
 }
 
-void KernelArgs::add(View& v, BufferRole role) {
+KernelArgs::Buf& KernelArgs::next_buffer(BufferRole role, std::shared_ptr<Storage> storage,
+                                         size_t offset, void* host, DType dtype, int rank) {
   OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
   roles_[size_t(nb_)] = role;
-  storages_[size_t(nb_)] = std::move(v.storage);
-  offsets_[size_t(nb_)] = v.offset_bytes;
+  storages_[size_t(nb_)] = std::move(storage);
+  offsets_[size_t(nb_)] = offset;
+  ranks_[size_t(nb_)] = uint8_t(rank);
   Buf& b = bufs_[size_t(nb_++)];
   b.b.device = 0;
   b.b.device_interface = nullptr;
-  b.b.host = static_cast<uint8_t*>(v.host);
+  b.b.host = static_cast<uint8_t*>(host);
   b.b.flags = 0;
-  b.b.type = halide_type_of(v.dtype);
-  b.b.dimensions = v.n;
+  b.b.type = halide_type_of(dtype);
+  b.b.dimensions = rank;
   b.b.dim = b.d;
   b.b.padding = nullptr;
+  return b;
+}
+
+void KernelArgs::add(View& v, BufferRole role) {
+  Buf& b = next_buffer(role, std::move(v.storage), v.offset_bytes, v.host, v.dtype, v.n);
   // The kernels are compiled without Halide's large_buffers: each buffer's extents, strides and
   // element count must stay below 2^31. Refused here, before Halide would wrap an index.
   // Branch-free: the element count saturates at 2^31, so that it cannot overflow.
@@ -85,12 +92,10 @@ void KernelArgs::add(View& v, BufferRole role) {
   }
   fits &= elements < kLimit;
   dense_ = dense_ && dense;
-  ranks_[size_t(nb_ - 1)] = uint8_t(v.n);
   if (!fits) refuse_large(v);
 }
 
 void KernelArgs::flat(const Tensor& t, int64_t n, BufferRole role) {
-  OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
   if (n > INT32_MAX) {
     View v;
     v.n = 1;
@@ -98,19 +103,8 @@ void KernelArgs::flat(const Tensor& t, int64_t n, BufferRole role) {
     v.stride[0] = 1;
     refuse_large(v);
   }
-  roles_[size_t(nb_)] = role;
-  storages_[size_t(nb_)] = t.storage();
-  offsets_[size_t(nb_)] = size_t(t.offset()) * t.element_size();
-  ranks_[size_t(nb_)] = uint8_t(kMaxDims);
-  Buf& b = bufs_[size_t(nb_++)];
-  b.b.device = 0;
-  b.b.device_interface = nullptr;
-  b.b.host = static_cast<uint8_t*>(address(t));
-  b.b.flags = 0;
-  b.b.type = halide_type_of(t.dtype());
-  b.b.dimensions = kMaxDims;
-  b.b.dim = b.d;
-  b.b.padding = nullptr;
+  Buf& b = next_buffer(role, t.storage(), size_t(t.offset()) * t.element_size(), address(t),
+                       t.dtype(), kMaxDims);
   b.d[0] = {0, int32_t(n), 1, 0};
   for (int i = 1; i < kMaxDims; i++) b.d[i] = {0, 1, int32_t(n), 0};
 }

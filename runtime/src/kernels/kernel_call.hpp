@@ -128,6 +128,10 @@ class KernelArgs {
 
  private:
   void add(View& v, BufferRole role);  // takes v's storage
+  struct Buf;
+  // Claims the next buffer slot and sets all but its dims.
+  Buf& next_buffer(BufferRole role, std::shared_ptr<Storage> storage, size_t offset, void* host,
+                   DType dtype, int rank);
   [[noreturn]] static void refuse_large(const View& v);
   enum class Slot : uint8_t { f64, i32 };
   static constexpr size_t kBufs = size_t(kMaxKernelBuffers);

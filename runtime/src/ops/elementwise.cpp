@@ -31,6 +31,24 @@ bool can_cast(DType from, DType to) {
   return true;
 }
 
+// The dtype the op computes in: its non-bool inputs' promoted dtype (`dtype_of(i)`, i < n).
+template <class DTypeOf>
+DType compute_dtype(const OpInfo& op, size_t n, const DTypeOf& dtype_of) {
+  bool any = false;
+  DType compute = DType::Bool;
+  for (size_t i = 0; i < n; i++) {
+    if ((op.flags >> i) & 1) continue;
+    compute = any ? promote(compute, dtype_of(i)) : dtype_of(i);
+    any = true;
+  }
+  return compute;
+}
+
+// The dtype input i has in the group's kernels.
+DType kernel_dtype(const OpInfo& op, const KernelGroup& g, size_t i) {
+  return (op.flags >> i) & 1 ? DType::Bool : g.in_dtype;
+}
+
 // A tensor the kernel may write directly: the result's dtype, and no input overlaps it unless it is
 // the very same view (a pointwise kernel reads each element before it writes it).
 bool writes_directly(const Tensor& out, DType dtype, std::span<const Tensor> in, size_t skip) {
@@ -99,24 +117,19 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const 
 // no in-place buffer), every input already at the kernel's dtype, all of one shape and
 // contiguous. Returns false, doing nothing, when the call is not one; the general path below
 // then runs it.
+// The caller has checked the op's family and input count (check_call).
 bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<const double> attrs,
                TensorList& results) {
-  if (op.inout >= 0 || int(in.size()) != op.num_inputs || in.empty() || op.family != "elementwise")
-    return false;
-  bool any = false;
-  DType compute = DType::Bool;
-  for (size_t i = 0; i < in.size(); i++) {
-    if (!in[i]->defined()) return false;
-    if ((op.flags >> i) & 1) continue;
-    compute = any ? promote(compute, in[i]->dtype()) : in[i]->dtype();
-    any = true;
-  }
-  const KernelGroup* g = op.find_group(compute);
+  if (op.inout >= 0 || in.empty()) return false;
+  for (const Tensor* t : in)
+    if (!t->defined()) return false;
+  const KernelGroup* g =
+      op.find_group(compute_dtype(op, in.size(), [&](size_t i) { return in[i]->dtype(); }));
   if (!g) return false;
   const Shape& shape = in[0]->shape();
   for (size_t i = 0; i < in.size(); i++) {
     const Tensor& t = *in[i];
-    if (t.dtype() != ((op.flags >> i) & 1 ? DType::Bool : g->in_dtype)) return false;
+    if (t.dtype() != kernel_dtype(op, *g, i)) return false;
     if (i > 0 && t.shape() != shape) return false;
     if (!t.is_contiguous()) return false;
   }
@@ -131,35 +144,28 @@ bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<co
   return true;
 }
 
-// Runs an elementwise op. `outs`: tensors to write the results into (out=), or empty to allocate
-// them. An op with an inout buffer writes its result into that input, which must already have the
-// broadcast shape. Returns the results (for an inout op, the written input). On a known shape
-// bucket nothing is allocated but the results.
-TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
-                           std::span<const double> attrs, std::span<const Tensor> outs = {}) {
+// An elementwise call's op and tensor counts, checked once per call.
+void check_call(const OpInfo& op, size_t inputs, size_t outs) {
   OPFORGE_CHECK(op.family == "elementwise")
       << op.name << " is a " << op.family << " op, not elementwise";
-  OPFORGE_CHECK(int(inputs.size()) == op.num_inputs)
-      << op.name << ": expected " << op.num_inputs << " input(s), got " << inputs.size();
-  OPFORGE_CHECK(outs.empty() || int(outs.size()) == op.num_outputs)
-      << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs.size();
-  if (outs.empty()) {
-    std::array<const Tensor*, TensorList::kCapacity> refs;
-    for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
-    TensorList results;
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs, results))
-      return results;
-  }
+  OPFORGE_CHECK(int(inputs) == op.num_inputs)
+      << op.name << ": expected " << op.num_inputs << " input(s), got " << inputs;
+  OPFORGE_CHECK(outs == 0 || int(outs) == op.num_outputs)
+      << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs;
+}
+
+// The general path, after check_call: any dtypes, broadcasting, out=, in-place buffers. `outs`:
+// tensors to write the results into (out=), or empty to allocate them. An op with an inout buffer
+// writes its result into that input, which must already have the broadcast shape. Returns the
+// results (for an inout op, the written input). On a known shape bucket nothing is allocated but
+// the results.
+TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
+                       std::span<const double> attrs, std::span<const Tensor> outs) {
   TensorList in(inputs);
-  bool any = false;
-  DType compute = DType::Bool;
-  for (size_t i = 0; i < in.size(); i++) {
+  for (size_t i = 0; i < in.size(); i++)
     OPFORGE_CHECK(in[i].defined()) << op.name << ": input " << i << " is undefined";
-    if ((op.flags >> i) & 1) continue;
-    compute = any ? promote(compute, in[i].dtype()) : in[i].dtype();
-    any = true;
-  }
-  const KernelGroup& g = resolve_group(op, compute);
+  const KernelGroup& g =
+      resolve_group(op, compute_dtype(op, in.size(), [&](size_t i) { return in[i].dtype(); }));
   const size_t inout = op.inout < 0 ? in.size() : size_t(op.inout);
   if (inout < in.size()) {
     OPFORGE_CHECK(in[inout].dtype() == g.in_dtype)
@@ -169,7 +175,7 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
     check_writable(op.name.c_str(), in[inout]);
   }
   for (size_t i = 0; i < in.size(); i++) {
-    DType want = (op.flags >> i) & 1 ? DType::Bool : g.in_dtype;
+    DType want = kernel_dtype(op, g, i);
     if (in[i].dtype() != want) in[i] = cast(in[i], want);
   }
   Shape shape = broadcast_shapes(op.name.c_str(), in.span());
@@ -223,13 +229,28 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
   return TensorList(outs);
 }
 
+// Runs an elementwise op (see run_general) on the dense path when it can, else the general one.
+TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
+                           std::span<const double> attrs, std::span<const Tensor> outs = {}) {
+  check_call(op, inputs.size(), outs.size());
+  if (outs.empty()) {
+    std::array<const Tensor*, TensorList::kCapacity> refs;
+    for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
+    TensorList results;
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs, results))
+      return results;
+  }
+  return run_general(op, inputs, attrs, outs);
+}
+
 // The op functions' form: the tensors by reference, copied only where the general path needs them.
 using TensorRef = std::reference_wrapper<const Tensor>;
 TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
                            std::initializer_list<double> attrs,
                            std::initializer_list<TensorRef> outs = {}) {
+  check_call(op, in.size(), outs.size());
   std::span<const double> a(attrs.begin(), attrs.size());
-  if (outs.size() == 0 && in.size() <= TensorList::kCapacity) {
+  if (outs.size() == 0) {
     std::array<const Tensor*, TensorList::kCapacity> refs;
     size_t n = 0;
     for (const Tensor& t : in) refs[n++] = &t;
@@ -239,7 +260,7 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
   TensorList ins, os;
   for (const Tensor& t : in) ins.push_back(t);
   for (const Tensor& t : outs) os.push_back(t);
-  return run_elementwise(op, ins.span(), a, os.span());
+  return run_general(op, ins.span(), a, os.span());
 }
 
 // Writes v into a 0-d host tensor of dtype d.
