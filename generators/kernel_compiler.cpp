@@ -49,6 +49,7 @@ struct KernelSource {
   // Elementwise ops: the same op over one contiguous dimension, the dense companion of the manual
   // CPU kernel (kernel_abi.hpp); empty for the other families.
   std::function<Pipeline()> build_dense;
+  bool backward = false;  // a backward kernel: built in schedules::backward_variant()s only
 };
 
 template <class Op>
@@ -71,9 +72,17 @@ void collect_op(const Op& op, dsl::Family family, std::vector<KernelSource>& out
     hana::for_each(op.dtypes, [&](auto type) {
       using T = typename decltype(type)::type;
       KernelSource k{op.name, dtype_str<T>(), [op, type] { return build(op, type); }, {}};
-      if constexpr (Op::family == dsl::Family::elementwise)
+      if constexpr (Op::family == dsl::Family::elementwise) {
         k.build_dense = [op, type] { return build(op, type, 1); };
-      out.push_back(std::move(k));
+        out.push_back(std::move(k));
+        if constexpr (std::is_floating_point_v<T>)
+          if (dsl::has_backward(op))
+            out.push_back({backward_name(op.name), dtype_str<T>(),
+                           [op, type] { return build_backward(op, type); },
+                           [op, type] { return build_backward(op, type, 1); }, true});
+      } else {
+        out.push_back(std::move(k));
+      }
     });
   }
 }
@@ -212,10 +221,11 @@ int run(const Options& opt) {
         // kernel_abi.hpp: an elementwise output may alias an input of the same view.
         if (family == dsl::Family::elementwise) schedules::make_alias_safe(p.out);
         m = pipeline.compile_to_module(p.args, fn, t);
-      } catch (const Halide::CompileError& e) {
+      } catch (const Halide::Error& e) {
         // An autoscheduler may emit a schedule the target cannot run (Li2018 uses 8-bit
-        // atomics that OpenCL lacks): that variant is left out, and the log says so. A hand
-        // schedule that fails is a bug.
+        // atomics that OpenCL lacks), or fail inside (Mullapudi2016 on leaky_relu's backward
+        // kernel: an internal assertion): that variant is left out, and the log says
+        // so. A hand schedule that fails is a bug.
         if (manual) throw;
         fprintf(stderr, "opforge-kc: variant %s left out: %s\n", fn.c_str(), e.what());
         cache.store_skip(key, e.what());
@@ -240,6 +250,7 @@ int run(const Options& opt) {
         bool manual = v.scheduler == schedules::Scheduler::manual ||
                       v.scheduler == schedules::Scheduler::gpu_manual;
         if (!manual && plugin_path(opt, v.scheduler).empty()) continue;
+        if (k.backward && !schedules::backward_variant(v)) continue;
         if (const char* why = schedules::left_out_reason(
                 family, v, target.tag == "opencl" || target.tag == "cuda")) {
           fprintf(stderr, "opforge-kc: variant %s of %s left out for %s: %s\n", v.name.c_str(),

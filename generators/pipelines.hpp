@@ -117,6 +117,42 @@ inline std::vector<Halide::Range> ranges(const std::vector<int64_t>& extents) {
 
 constexpr int kEwDims = 6;
 
+// A derived gradient of a pointwise op as one expression at `at`. propagate_adjoints clamps every
+// access to the output's bounds and marks it `likely`, which Halide answers by partitioning each
+// of the six loops (several times the code and compile time of the forward kernel); a pointwise
+// op reads every buffer at the point it writes, so the clamps are the identity and are dropped.
+class AtPoint : public Halide::Internal::IRMutator {
+ public:
+  explicit AtPoint(std::vector<Expr> at) : at_(std::move(at)) {}
+  using IRMutator::mutate;
+
+ protected:
+  using IRMutator::visit;
+  // A Func is inlined at the point; a buffer is read at it.
+  Expr visit(const Halide::Internal::Call* op) override {
+    namespace hir = Halide::Internal;
+    if (op->call_type == hir::Call::Halide && op->func.defined()) {
+      hir::Function fn(op->func);
+      if (fn.has_update_definition() || fn.args().size() != at_.size())
+        throw std::runtime_error("derived gradient is not pointwise: " + fn.name());
+      Expr v = fn.values()[size_t(op->value_index)];
+      for (size_t k = 0; k < at_.size(); k++) v = hir::substitute(fn.args()[k], at_[k], v);
+      return mutate(v);
+    }
+    if (op->call_type != hir::Call::Image || op->args.size() != at_.size())
+      return IRMutator::visit(op);
+    return hir::Call::make(op->type, op->name, at_, op->call_type, op->func, op->value_index,
+                           op->image, op->param);
+  }
+
+ private:
+  std::vector<Expr> at_;
+};
+inline Expr pointwise(const Func& f, const std::vector<Var>& vars) {
+  std::vector<Expr> at(vars.begin(), vars.end());
+  return Halide::Internal::simplify(AtPoint(at).mutate(f(at)));
+}
+
 // Estimates of the 6-D strided kernels: `size` elements in the innermost dimension.
 inline std::vector<int64_t> estimate_6d(Pipeline& p, int64_t size) {
   std::vector<int64_t> ext(kEwDims, 1);
@@ -188,6 +224,63 @@ Pipeline build(const Op& op, hana::basic_type<T>,
                                "into one of its inputs");
     p.inout = op.inout;
   }
+  p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
+  return p;
+}
+
+// ---- elementwise backward: `<op>_backward`, the op's inputs and the gradient of its result in
+// (the gradient last, of the result's shape), the gradient of each non-bool input out, all of one
+// shape: the runtime reduces each to its input's shape where it was broadcast. The derivative is
+// the op's stated one or, by default, what Halide derives from its forward math.
+template <class T, class Op>
+Pipeline build_backward(const Op& op, hana::basic_type<T>, int dims = detail::kEwDims) {
+  Pipeline p = start<T>(op, op.arity + 1, op.bool_inputs_mask);
+  p.op = backward_name(op.name);
+  p.out_dtype = p.in_dtype;
+  Type t = halide_type<T>();
+  for (int i = 0; i < dims; i++) p.vars.emplace_back("x" + std::to_string(i));
+  EwArgs a;
+  a.type = a.out_type = t;
+  // Each float input is read through a Func of its own, the handle propagate_adjoints gives its
+  // adjoint by.
+  std::vector<Func> wrapped;
+  for (int i = 0; i < op.arity; i++) {
+    bool is_bool = (op.bool_inputs_mask >> i) & 1;
+    auto in = detail::add_input(p, is_bool ? Halide::UInt(8) : t, dims, "in" + std::to_string(i),
+                                dims > 1);
+    if (is_bool) {
+      a.in.push_back(in(p.vars));
+      continue;
+    }
+    wrapped.emplace_back("in" + std::to_string(i) + "_value");
+    wrapped.back()(p.vars) = in(p.vars);
+    a.in.push_back(wrapped.back()(p.vars));
+  }
+  auto grad = detail::add_input(p, t, dims, "grad", dims > 1);
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  std::vector<Expr> grads;
+  if constexpr (requires { op.grad.fn; }) {
+    grads = op.grad.fn(a, grad(p.vars));
+  } else {
+    Func forward("forward"), adjoint("adjoint");
+    auto result = op.fn(a);
+    if constexpr (std::is_same_v<decltype(result), std::vector<Expr>>)
+      throw std::runtime_error(p.op + ": ops with several results state their gradients");
+    else
+      forward(p.vars) = Halide::cast(t, result);
+    adjoint(p.vars) = grad(p.vars);
+    // Halide 14 reads the bounds as inclusive: {min, extent - 1} (DESIGN.md).
+    Halide::Region bounds;
+    for (int d = 0; d < dims; d++) bounds.emplace_back(grad.dim(d).min(), grad.dim(d).extent() - 1);
+    Halide::Derivative d = Halide::propagate_adjoints(forward, adjoint, bounds);
+    for (const Func& w : wrapped) grads.push_back(detail::pointwise(d(w), p.vars));
+  }
+  if (grads.size() != wrapped.size())
+    throw std::runtime_error(p.op + ": states " + std::to_string(grads.size()) + " gradients for " +
+                             std::to_string(wrapped.size()) + " float inputs");
+  for (Expr& g : grads) g = Halide::cast(t, g);
+  p.out = Func("out");
+  p.out(p.vars) = grads.size() == 1 ? Halide::Tuple(grads[0]) : Halide::Tuple(grads);
   p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
   return p;
 }

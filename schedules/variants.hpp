@@ -57,6 +57,11 @@ inline std::vector<Variant> gpu_variants_for(dsl::Family f) {
   return {{"gpu", Scheduler::gpu_manual}, {"li2018", Scheduler::li2018, estimate}};
 }
 
+// Backward kernels get the hand schedules and one autoscheduler per device kind (Mullapudi2016 on
+// the CPU, Li2018 on GPUs): a pointwise gradient leaves an autoscheduler little to choose, and
+// every variant costs build time (README: the build budget).
+inline bool backward_variant(const Variant& v) { return v.scheduler != Scheduler::adams2019; }
+
 // A schedule that computes wrong results is not a variant: these are left out of the build.
 // Li2018's GPU schedules of the window ops (conv2d, the pools) let work-groups race: under PoCL
 // with several threads their results differ from run to run (conv2d on strided inputs: 1 to 1 900

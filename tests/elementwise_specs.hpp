@@ -2,6 +2,7 @@
 // input data, the float64 reference and how to call the op through the public API. Shared by
 // test_elementwise.cpp and test_variants.cpp. `cast` is handled separately (it is per dtype pair).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -25,6 +26,19 @@ struct EwSpec {
   // The op(Tensor, double) overload, for the binary ops that have one.
   std::function<Tensor(const Tensor&, double)> scalar_call;
   std::function<double(DType)> scalar_value;
+
+  // The attribute values `call` passes (clip's bounds, the alphas), for the by-name entry points.
+  std::function<std::vector<double>(DType)> attr_values = [](DType) {
+    return std::vector<double>{};
+  };
+  // Whether the op has a backward kernel (dsl/opforge/ops/elementwise.hpp): floating, not a
+  // comparison or logic, and not piecewise constant.
+  bool differentiable() const {
+    bool floats = std::find(dtypes.begin(), dtypes.end(), DType::Float32) != dtypes.end();
+    for (const char* zero : {"floor", "ceil", "round", "sign"})
+      if (name == zero) return false;
+    return floats && !compare;
+  }
 
   DType input_dtype(int i, DType dt) const { return (bool_mask >> i) & 1 ? DType::Bool : dt; }
   DType out_dtype(DType dt) const { return compare ? DType::Bool : dt; }
@@ -101,10 +115,12 @@ inline const std::vector<EwSpec>& ew_specs() {
         "leaky_relu", kFloatTypes, Data::Normal,
         [](double x) { return x < 0 ? kLeakyAlpha * x : x; },
         [](const Tensor& x) { return opforge::leaky_relu(x, kLeakyAlpha); });
+    s.back().attr_values = [](DType) { return std::vector<double>{kLeakyAlpha}; };
     unary(
         "elu", kFloatTypes, Data::Normal,
         [](double x) { return x < 0 ? kEluAlpha * std::expm1(x) : x; },
         [](const Tensor& x) { return opforge::elu(x, kEluAlpha); }, true);
+    s.back().attr_values = [](DType) { return std::vector<double>{kEluAlpha}; };
     unary(
         "gelu", kFloatTypes, Data::Normal,
         [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
@@ -144,6 +160,7 @@ inline const std::vector<EwSpec>& ew_specs() {
       e.call = [](T in) {
         return opforge::clip(in[0], clip_lo(in[0].dtype()), clip_hi(in[0].dtype()));
       };
+      e.attr_values = [](DType t) { return std::vector<double>{clip_lo(t), clip_hi(t)}; };
       s.push_back(std::move(e));
     }
 

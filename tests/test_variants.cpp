@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "elementwise_specs.hpp"
+#include "gradient_check.hpp"
 #include "opforge/opforge.hpp"
 #include "reference.hpp"
 
@@ -156,6 +157,38 @@ void check_elementwise(const EwSpec& s, const KernelGroup& g, const VariantInfo&
   Expected want_views = ew_expected(s, dt, views);
   Tensor got_views = run_forced(g, v, [&] { return s.call(views); });
   expect_close(got_views, want_views, s.out_dtype(dt), s.tol(dt));
+}
+
+// A backward kernel (`<op>_backward`) through elementwise_backward: every input's gradient against
+// central finite differences of the op's float64 reference, on dense inputs and on views (the
+// first input transposed, the last broadcast along the rows, so its gradient is summed).
+void check_backward(const EwSpec& s, const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  int64_t inner = at_least(m[0], 70), rows = at_least(m[1], inner > 70 ? 3 : 70);
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    std::string label = std::string("backward/") + layout_name(l) + "/" + v.name;
+    Shape shape = l == Layout::dense ? elementwise_shape(m, 37) : Shape{rows, inner};
+    std::vector<Tensor> in = ew_inputs(s, dt, std::vector<Shape>(size_t(s.arity), shape), label);
+    if (l == Layout::views) {
+      in[0] = random({inner, rows}, s.input_dtype(0, dt), s.data[0], label + "/t").transpose(0, 1);
+      if (s.arity >= 2)
+        in.back() = random({inner}, s.input_dtype(s.arity - 1, dt), s.data.back(), label + "/b");
+    }
+    Tensor grad = random(shape, dt, Data::Normal, label + "/grad");
+    std::vector<Expected> want = fd_gradients(s, in, grad);
+    std::vector<Tensor> got;
+    run_forced(g, v, [&] {
+      got = opforge::elementwise_backward(s.name, in, grad, s.attr_values(dt));
+      return got.empty() ? Tensor() : got[0];
+    });
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); i++) {
+      SCOPED_TRACE("gradient of input " + std::to_string(i));
+      expect_close(got[i], want[i], dt, gradient_tol(s, dt));
+    }
+  }
 }
 
 void check_cast(const KernelGroup& g, const VariantInfo& v) {
@@ -437,6 +470,10 @@ const std::map<std::string, Handler>& handlers() {
       t[s.name] = [sp](const KernelGroup& g, const VariantInfo& v) {
         check_elementwise(*sp, g, v);
       };
+      if (s.differentiable())
+        t[s.name + "_backward"] = [sp](const KernelGroup& g, const VariantInfo& v) {
+          check_backward(*sp, g, v);
+        };
     }
     t["cast"] = check_cast;
     t["sincos"] = check_sincos;
@@ -488,7 +525,10 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
     for (DType t : ts) s.insert(dname(t));
     return s;
   };
-  for (const EwSpec& s : ew_specs()) m[s.name] = keys(s.dtypes);
+  for (const EwSpec& s : ew_specs()) {
+    m[s.name] = keys(s.dtypes);
+    if (s.differentiable()) m[s.name + "_backward"] = keys(kFloatTypes);
+  }
   for (DType a : kAllTypes)
     for (DType b : kAllTypes)
       if (a != b) m["cast"].insert(dname(a) + "_to_" + dname(b));

@@ -102,9 +102,25 @@ struct EwArgs {
   Expr operator[](size_t i) const { return in.at(i); }
 };
 
+// How an elementwise op's backward kernel (`<name>_backward`: the op's inputs and the gradient of
+// its result in, the gradient of each non-bool input out) is made. Derived: Halide derives it from
+// the forward math (propagate_adjoints). Stated: the op states it as DSL expressions, where the
+// derived one is wrong (a kink or tie where PyTorch's convention differs, a clamped special value)
+// or an approximation's (erf, gelu). Zero: the derivative is zero wherever it is defined (floor,
+// sign), so no kernel is built. Comparisons and logic need no marker: their results are bool, and
+// the runtime records no gradient for a bool or integer result. The runtime reads an op with one
+// floating result and no backward kernel as a zero-gradient op, so every other such op must get
+// one (has_backward below).
+struct DerivedGrad {};
+struct ZeroGrad {};
+template <class S>
+struct StatedGrad {
+  S fn;  // fn(EwArgs a, Expr grad) -> std::vector<Expr>: d out / d in_i * grad per non-bool input
+};
+
 // fn returns one Expr, or a std::vector<Expr> with one Expr per output (every output has the
 // op's output dtype).
-template <class Dtypes, class Fn>
+template <class Dtypes, class Fn, class Grad = DerivedGrad>
 struct ElementwiseOp {
   static constexpr Family family = Family::elementwise;
   const char* name;
@@ -116,7 +132,15 @@ struct ElementwiseOp {
   int bool_inputs_mask = 0;  // inputs that are always bool (the condition of `where`)
   int outputs = 1;           // how many results fn returns
   int inout = -1;            // >= 0: the input the (one) result is written into, in place
+  Grad grad = {};
 };
+
+// Whether an op gets a backward kernel: one result of its input's dtype, not in place, and a
+// gradient that is not zero. Built for the op's floating dtypes only.
+template <class Dtypes, class Fn, class Grad>
+bool has_backward(const ElementwiseOp<Dtypes, Fn, Grad>& op) {
+  return !std::is_same_v<Grad, ZeroGrad> && op.outputs == 1 && op.inout < 0 && op.out == same;
+}
 
 template <class Dtypes, class Fn>
 constexpr auto unary(const char* name, Dtypes d, Fn fn, OutRule out = same) {
@@ -140,6 +164,24 @@ template <class Dtypes, class Fn>
 constexpr auto in_place(const char* name, int arity, int inout, Dtypes d, const char* attrs,
                         Fn fn) {
   return ElementwiseOp<Dtypes, Fn>{name, arity, d, attrs, same, fn, 0, 1, inout};
+}
+// The op with another way to its gradient.
+template <class Grad, class Dtypes, class Fn, class G>
+constexpr auto regrad(const ElementwiseOp<Dtypes, Fn, G>& op, Grad grad) {
+  return ElementwiseOp<Dtypes, Fn, Grad>{op.name,  op.arity, op.dtypes,           op.attrs,
+                                         op.out,   op.fn,    op.bool_inputs_mask, op.outputs,
+                                         op.inout, grad};
+}
+// The op with its derivative stated: grad(a, g) returns d out / d in_i * g for each non-bool
+// input i, in input order.
+template <class Op, class S>
+constexpr auto with_grad(const Op& op, S stated) {
+  return regrad(op, StatedGrad<S>{stated});
+}
+// The op's derivative is zero wherever it is defined (piecewise constant: floor, sign).
+template <class Op>
+constexpr auto zero_grad(const Op& op) {
+  return regrad(op, ZeroGrad{});
 }
 template <class Dtypes, class Fn>
 constexpr auto compare(const char* name, Dtypes d, Fn fn) {

@@ -109,72 +109,162 @@ inline Expr round_half_even(const Expr& x) {
 }
 // Halide 14 compares floats as unordered-or-equal (NaN == x is true) even with strict_float;
 // IEEE says a NaN equals nothing.
-inline Expr ieee_eq(const EwArgs& a) {
-  if (!a.type.is_float()) return a[0] == a[1];
-  return a[0] == a[1] && !Halide::is_nan(a[0]) && !Halide::is_nan(a[1]);
+inline Expr ieee_equal(const Expr& a, const Expr& b) {
+  if (!a.type().is_float()) return a == b;
+  return a == b && !Halide::is_nan(a) && !Halide::is_nan(b);
 }
+inline Expr ieee_eq(const EwArgs& a) { return ieee_equal(a[0], a[1]); }
 inline Expr truthy(const Expr& e) { return e != Halide::cast(e.type(), 0); }
+
+// Forward math that a stated derivative reuses.
+inline Expr zero(const Expr& x) { return Halide::cast(x.type(), 0); }
+inline Expr tanh_of(const Expr& x) {
+  return special(x, Halide::tanh(Halide::clamp(x, -20, 20)), 1, -1);
+}
+inline Expr sigmoid_of(const Expr& x) { return 1 / (1 + safe_exp(-x)); }
+inline Expr sin_of(const Expr& x) { return special(x, Halide::sin(x), NAN, NAN); }
+inline Expr cos_of(const Expr& x) { return special(x, Halide::cos(x), NAN, NAN); }
+inline Expr gelu_cdf(const Expr& x) {
+  return Halide::cast(x.type(), Expr(0.5)) * (1 + erf_any(x * constant(x.type(), M_SQRT1_2)));
+}
+
+// Stated derivatives (PyTorch's conventions, tools/autograd/derivatives.yaml): each returns the
+// gradient of every non-bool input, given the inputs `a` and the result's gradient `g`.
+using Grads = std::vector<Expr>;
+// maximum/minimum: the larger (smaller) input gets the gradient; at a tie each gets half.
+inline Grads tie_split(const EwArgs& a, const Expr& g, bool maximum) {
+  Expr half = g * Halide::cast(a.type, Expr(0.5)), z = zero(g);
+  Expr a_loses = maximum ? a[0] < a[1] : a[0] > a[1];
+  Expr b_loses = maximum ? a[0] > a[1] : a[0] < a[1];
+  Expr tie = ieee_equal(a[0], a[1]);
+  return {select(tie, half, a_loses, z, g), select(tie, half, b_loses, z, g)};
+}
 }  // namespace detail
 
+// Each op's gradient is derived by Halide unless the op states it (with_grad) or it is zero
+// (zero_grad); see DerivedGrad in dsl/op.hpp. Stated: kinks and ties where PyTorch picks a side
+// (abs, relu, leaky_relu, elu at 0; clip at its bounds; maximum, minimum at ties), special values
+// a clamped forward would zero (exp, log, sin past overflow or the domain), approximations (erf,
+// gelu, tanh, sigmoid), and pow at a zero base.
 inline const auto elementwise_ops = hana::make_tuple(
     unary("neg", signed_numeric, [](const EwArgs& a) { return -a[0]; }),
-    unary("abs", numeric, [](const EwArgs& a) { return select(a[0] < 0, -a[0], a[0]); }),
-    unary("exp", floats, [](const EwArgs& a) { return detail::safe_exp(a[0]); }),
-    unary("log", floats, [](const EwArgs& a) { return detail::safe_log(a[0]); }),
-    unary("log1p", floats, [](const EwArgs& a) { return detail::log1p_any(a[0]); }),
-    unary("expm1", floats, [](const EwArgs& a) { return detail::expm1_any(a[0]); }),
+    with_grad(unary("abs", numeric, [](const EwArgs& a) { return select(a[0] < 0, -a[0], a[0]); }),
+              [](const EwArgs& a, const Expr& g) {
+                return detail::Grads{select(a[0] > 0, g, a[0] < 0, -g, detail::zero(g))};
+              }),
+    with_grad(
+        unary("exp", floats, [](const EwArgs& a) { return detail::safe_exp(a[0]); }),
+        [](const EwArgs& a, const Expr& g) { return detail::Grads{g * detail::safe_exp(a[0])}; }),
+    with_grad(unary("log", floats, [](const EwArgs& a) { return detail::safe_log(a[0]); }),
+              [](const EwArgs& a, const Expr& g) { return detail::Grads{g / a[0]}; }),
+    with_grad(unary("log1p", floats, [](const EwArgs& a) { return detail::log1p_any(a[0]); }),
+              [](const EwArgs& a, const Expr& g) { return detail::Grads{g / (1 + a[0])}; }),
+    with_grad(
+        unary("expm1", floats, [](const EwArgs& a) { return detail::expm1_any(a[0]); }),
+        [](const EwArgs& a, const Expr& g) { return detail::Grads{g * detail::safe_exp(a[0])}; }),
     unary("sqrt", floats, [](const EwArgs& a) { return Halide::sqrt(a[0]); }),
     unary("rsqrt", floats, [](const EwArgs& a) { return 1 / Halide::sqrt(a[0]); }),
     unary("reciprocal", floats, [](const EwArgs& a) { return 1 / a[0]; }),
-    unary("sin", floats,
-          [](const EwArgs& a) { return detail::special(a[0], Halide::sin(a[0]), NAN, NAN); }),
-    unary("cos", floats,
-          [](const EwArgs& a) { return detail::special(a[0], Halide::cos(a[0]), NAN, NAN); }),
-    unary("tanh", floats,
-          [](const EwArgs& a) {
-            return detail::special(a[0], Halide::tanh(Halide::clamp(a[0], -20, 20)), 1, -1);
-          }),
-    unary("sigmoid", floats, [](const EwArgs& a) { return 1 / (1 + detail::safe_exp(-a[0])); }),
-    unary("relu", numeric,
-          [](const EwArgs& a) { return select(a[0] < 0, Halide::cast(a.type, 0), a[0]); }),
-    unary_attr("leaky_relu", floats, "alpha",
-               [](const EwArgs& a) { return select(a[0] < 0, a[0] * a.attr["alpha"], a[0]); }),
-    unary_attr("elu", floats, "alpha",
-               [](const EwArgs& a) {
-                 return select(a[0] < 0, a.attr["alpha"] * detail::expm1_any(a[0]), a[0]);
-               }),
-    unary("gelu", floats,
-          [](const EwArgs& a) {
-            return a[0] * Halide::cast(a.type, Expr(0.5)) *
-                   (1 + detail::erf_any(a[0] * detail::constant(a.type, M_SQRT1_2)));
-          }),
-    unary("softplus", floats,
-          [](const EwArgs& a) {
-            return select(a[0] > 0, a[0], Halide::cast(a.type, 0)) +
-                   detail::log1p_any(detail::safe_exp(-Halide::abs(a[0])));
-          }),
-    unary("erf", floats,
-          [](const EwArgs& a) { return detail::special(a[0], detail::erf_any(a[0]), 1, -1); }),
-    unary("floor", floats, [](const EwArgs& a) { return Halide::floor(a[0]); }),
-    unary("ceil", floats, [](const EwArgs& a) { return Halide::ceil(a[0]); }),
-    unary("round", floats, [](const EwArgs& a) { return detail::round_half_even(a[0]); }),
-    unary("sign", numeric,
-          [](const EwArgs& a) {
-            Expr zero = Halide::cast(a.type, 0), one = Halide::cast(a.type, 1);
-            return select(a[0] > zero, one, a[0] < zero, -one, a[0]);
-          }),
-    unary_attr("clip", numeric, "min,max",
-               [](const EwArgs& a) {
-                 return select(a[0]<a.attr["min"], a.attr["min"], a[0]> a.attr["max"],
-                               a.attr["max"], a[0]);
-               }),
-    binary("pow", floats, [](const EwArgs& a) { return Halide::pow(a[0], a[1]); }),
+    with_grad(
+        unary("sin", floats, [](const EwArgs& a) { return detail::sin_of(a[0]); }),
+        [](const EwArgs& a, const Expr& g) { return detail::Grads{g * detail::cos_of(a[0])}; }),
+    with_grad(
+        unary("cos", floats, [](const EwArgs& a) { return detail::cos_of(a[0]); }),
+        [](const EwArgs& a, const Expr& g) { return detail::Grads{-g * detail::sin_of(a[0])}; }),
+    with_grad(unary("tanh", floats, [](const EwArgs& a) { return detail::tanh_of(a[0]); }),
+              [](const EwArgs& a, const Expr& g) {
+                Expr y = detail::tanh_of(a[0]);
+                return detail::Grads{g * (1 - y * y)};
+              }),
+    with_grad(unary("sigmoid", floats, [](const EwArgs& a) { return detail::sigmoid_of(a[0]); }),
+              [](const EwArgs& a, const Expr& g) {
+                Expr y = detail::sigmoid_of(a[0]);
+                return detail::Grads{g * y * (1 - y)};
+              }),
+    with_grad(
+        unary("relu", numeric,
+              [](const EwArgs& a) { return select(a[0] < 0, Halide::cast(a.type, 0), a[0]); }),
+        [](const EwArgs& a, const Expr& g) {
+          return detail::Grads{select(a[0] > 0, g, detail::zero(g))};
+        }),
+    with_grad(
+        unary_attr("leaky_relu", floats, "alpha",
+                   [](const EwArgs& a) { return select(a[0] < 0, a[0] * a.attr["alpha"], a[0]); }),
+        [](const EwArgs& a, const Expr& g) {
+          return detail::Grads{select(a[0] > 0, g, g * a.attr["alpha"])};
+        }),
+    with_grad(unary_attr("elu", floats, "alpha",
+                         [](const EwArgs& a) {
+                           return select(a[0] < 0, a.attr["alpha"] * detail::expm1_any(a[0]), a[0]);
+                         }),
+              [](const EwArgs& a, const Expr& g) {
+                return detail::Grads{
+                    select(a[0] > 0, g, g * a.attr["alpha"] * detail::safe_exp(a[0]))};
+              }),
+    with_grad(unary("gelu", floats,
+                    [](const EwArgs& a) {
+                      return a[0] * Halide::cast(a.type, Expr(0.5)) *
+                             (1 + detail::erf_any(a[0] * detail::constant(a.type, M_SQRT1_2)));
+                    }),
+              // d/dx x Phi(x) = Phi(x) + x phi(x)
+              [](const EwArgs& a, const Expr& g) {
+                Expr x = a[0], pdf = detail::constant(a.type, 1 / std::sqrt(2 * M_PI)) *
+                                     detail::safe_exp(-x * x * Halide::cast(a.type, Expr(0.5)));
+                return detail::Grads{g * (detail::gelu_cdf(x) + x * pdf)};
+              }),
+    // PyTorch's softplus passes the gradient unchanged above its threshold of 20.
+    with_grad(unary("softplus", floats,
+                    [](const EwArgs& a) {
+                      return select(a[0] > 0, a[0], Halide::cast(a.type, 0)) +
+                             detail::log1p_any(detail::safe_exp(-Halide::abs(a[0])));
+                    }),
+              [](const EwArgs& a, const Expr& g) {
+                return detail::Grads{select(a[0] > 20, g, g * detail::sigmoid_of(a[0]))};
+              }),
+    with_grad(
+        unary("erf", floats,
+              [](const EwArgs& a) { return detail::special(a[0], detail::erf_any(a[0]), 1, -1); }),
+        [](const EwArgs& a, const Expr& g) {
+          return detail::Grads{g * detail::constant(a.type, 2 / std::sqrt(M_PI)) *
+                               detail::safe_exp(-a[0] * a[0])};
+        }),
+    zero_grad(unary("floor", floats, [](const EwArgs& a) { return Halide::floor(a[0]); })),
+    zero_grad(unary("ceil", floats, [](const EwArgs& a) { return Halide::ceil(a[0]); })),
+    zero_grad(
+        unary("round", floats, [](const EwArgs& a) { return detail::round_half_even(a[0]); })),
+    zero_grad(unary("sign", numeric,
+                    [](const EwArgs& a) {
+                      Expr zero = Halide::cast(a.type, 0), one = Halide::cast(a.type, 1);
+                      return select(a[0] > zero, one, a[0] < zero, -one, a[0]);
+                    })),
+    // The gradient passes where min <= x <= max, bounds included (PyTorch's clamp).
+    with_grad(unary_attr("clip", numeric, "min,max",
+                         [](const EwArgs& a) {
+                           return select(a[0]<a.attr["min"], a.attr["min"], a[0]> a.attr["max"],
+                                         a.attr["max"], a[0]);
+                         }),
+              [](const EwArgs& a, const Expr& g) {
+                return detail::Grads{
+                    select(a[0] >= a.attr["min"] && a[0] <= a.attr["max"], g, detail::zero(g))};
+              }),
+    // PyTorch's pow: no gradient to the base where the exponent is 0, none to the exponent where
+    // the base is 0 (log 0 would make it NaN).
+    with_grad(binary("pow", floats, [](const EwArgs& a) { return Halide::pow(a[0], a[1]); }),
+              [](const EwArgs& a, const Expr& g) {
+                Expr z = detail::zero(g);
+                return detail::Grads{select(a[1] == 0, z, g * a[1] * Halide::pow(a[0], a[1] - 1)),
+                                     select(a[0] == 0 && a[1] >= 0, z,
+                                            g * Halide::pow(a[0], a[1]) * detail::safe_log(a[0]))};
+              }),
     binary("add", numeric, [](const EwArgs& a) { return a[0] + a[1]; }),
     binary("sub", numeric, [](const EwArgs& a) { return a[0] - a[1]; }),
     binary("mul", numeric, [](const EwArgs& a) { return a[0] * a[1]; }),
-    binary("div", numeric, detail::py_div), binary("maximum", numeric, detail::nan_max),
-    binary("minimum", numeric, detail::nan_min), binary("mod", numeric, detail::py_mod),
-    compare("eq", all_types, detail::ieee_eq),
+    binary("div", numeric, detail::py_div),
+    with_grad(binary("maximum", numeric, detail::nan_max),
+              [](const EwArgs& a, const Expr& g) { return detail::tie_split(a, g, true); }),
+    with_grad(binary("minimum", numeric, detail::nan_min),
+              [](const EwArgs& a, const Expr& g) { return detail::tie_split(a, g, false); }),
+    binary("mod", numeric, detail::py_mod), compare("eq", all_types, detail::ieee_eq),
     compare("ne", all_types, [](const EwArgs& a) { return !detail::ieee_eq(a); }),
     compare("lt", numeric, [](const EwArgs& a) { return a[0] < a[1]; }),
     compare("le", numeric, [](const EwArgs& a) { return a[0] <= a[1]; }),
@@ -194,8 +284,7 @@ inline const auto elementwise_ops = hana::make_tuple(
     // Several outputs and in-place buffers, as backward passes and optimiser steps need them.
     multi_output("sincos", 1, 2, floats,
                  [](const EwArgs& a) {
-                   return std::vector<Expr>{detail::special(a[0], Halide::sin(a[0]), NAN, NAN),
-                                            detail::special(a[0], Halide::cos(a[0]), NAN, NAN)};
+                   return std::vector<Expr>{detail::sin_of(a[0]), detail::cos_of(a[0])};
                  }),
     in_place("axpy_", 2, 0, floats, "alpha",
              [](const EwArgs& a) { return a[0] + a.attr["alpha"] * a[1]; }));

@@ -70,6 +70,10 @@ struct BufferSpec {
 // At most this many buffers per kernel (the runtime's argument packing holds them inline).
 inline constexpr int kMaxKernelBuffers = 8;
 
+// The op that computes elementwise op `op`'s gradients: its inputs, then the gradient of its
+// result, in; the gradient of each non-bool input out, in input order, all of one shape.
+inline std::string backward_name(const std::string& op) { return op + "_backward"; }
+
 // A generated kernel's argv entry point.
 using KernelEntry = int (*)(void**);
 

@@ -35,15 +35,17 @@ std::vector<Tensor> elementwise_results(const std::string& op, const std::vector
 // returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
 // the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                                  \
-  X(neg)                                                                                      \
-  X(abs)                                                                                      \
-  X(exp)                                                                                      \
-  X(log)                                                                                      \
-  X(log1p)                                                                                    \
-  X(expm1)                                                                                    \
-  X(sqrt) X(rsqrt) X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) \
-      X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
+#define OPFORGE_UNARY_OPS(X)                                                                 \
+  X(neg)                                                                                     \
+  X(abs)                                                                                     \
+  X(exp)                                                                                     \
+  X(log)                                                                                     \
+  X(log1p)                                                                                   \
+  X(expm1)                                                                                   \
+  X(sqrt)                                                                                    \
+  X(rsqrt)                                                                                   \
+  X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) \
+      X(ceil) X(round) X(sign) X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) \
   Tensor name(const Tensor& x);     \
   Tensor name##_out(const Tensor& out, const Tensor& x);
@@ -75,6 +77,20 @@ std::pair<Tensor, Tensor> sincos(const Tensor& x);
 // y += alpha * x in place (BLAS axpy, one kernel with an inout buffer); x broadcasts to y's shape
 // and must have y's dtype (float32 or float64). Returns y.
 Tensor axpy_(const Tensor& y, double alpha, const Tensor& x);
+
+// ---- gradients (backward kernels generated from each op's DSL definition) ----
+// The gradient of every non-bool input of elementwise op `op` at `inputs`, given `grad`, the
+// gradient of its result (of the inputs' broadcast shape): one tensor per non-bool input, of that
+// input's shape (summed over the dims it was broadcast along) and dtype. At kinks and ties the
+// conventions are PyTorch's (relu'(0) = 0; maximum splits a tie's gradient in half). `needed`
+// (PyTorch's output_mask), when given, has one flag per non-bool input: an input whose flag is
+// false gets an undefined tensor, and no reduction to its shape.
+std::vector<Tensor> elementwise_backward(const std::string& op, const std::vector<Tensor>& inputs,
+                                         const Tensor& grad, const AttrValues& attrs = {},
+                                         const std::vector<bool>& needed = {});
+// x summed down to `shape`, which broadcasts to x's shape (PyTorch's sum_to_size): over the
+// leading dims `shape` lacks and the dims where it has 1.
+Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- reductions (axes empty = all) ----
 Tensor sum(const Tensor& x, const std::vector<int>& axes = {}, bool keepdims = false);
