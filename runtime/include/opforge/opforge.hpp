@@ -1,6 +1,7 @@
-// Everything a program using opforge includes: tensors, ops, devices, the registry and the
-// dispatcher.
+// Everything a program using opforge includes: tensors, ops, autograd, devices, the registry and
+// the dispatcher.
 #pragma once
+#include "opforge/autograd.hpp"
 #include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/dtype.hpp"

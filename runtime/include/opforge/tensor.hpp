@@ -36,6 +36,10 @@ class Generator {
 Generator& default_generator();
 
 struct Storage;
+namespace autograd {
+class Node;
+struct Meta;
+}  // namespace autograd
 
 class Tensor {
  public:
@@ -148,9 +152,39 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_();
 
+  // ---- autograd (autograd.hpp) ----
+  bool requires_grad() const;
+  // Marks a leaf (a tensor no recorded op made) as one whose gradient backward() computes; only
+  // floating tensors can require a gradient. Returns this tensor.
+  Tensor& requires_grad_(bool on = true);
+  bool is_leaf() const;  // made by no recorded op
+  // The gradient backward() added up: of a leaf that requires one, or of a tensor that called
+  // retain_grad(); undefined until then. A handle: zero_() on it clears it in place.
+  Tensor grad() const;
+  void set_grad(const Tensor& g);  // undefined clears it (zero_grad(set_to_none))
+  // A non-leaf keeps its gradient in grad() too (leaves always do).
+  void retain_grad() const;
+  // The op that made this tensor, null for a leaf; its name (e.g. "mul") for messages and tests.
+  std::shared_ptr<autograd::Node> grad_fn() const;
+  // autograd::backward({*this}, {gradient}, retain_graph); a one-element tensor needs no gradient
+  // (an undefined one stands for 1).
+  void backward() const;
+  void backward(const Tensor& gradient, bool retain_graph = false) const;
+  // The same data without history: shares storage (and so its version counter), needs no
+  // gradient.
+  Tensor detach() const;
+  // Counts in-place writes to the storage; a tensor saved for backward that was written since is
+  // an Error in backward (as PyTorch's version counter).
+  uint32_t version() const;
+
   // ---- internal: the runtime builds tensors from parts ----
   Tensor(std::shared_ptr<Storage> s, DType d, Shape shape, Shape strides, int64_t offset);
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Null unless the tensor takes part in autograd; shared by the copies of this handle made after
+  // it was set. History is not part of a tensor's value: an in-place write into a const handle
+  // (copy_into) still gives it the write's history, so it can be set on a const tensor.
+  const std::shared_ptr<autograd::Meta>& autograd_meta() const { return autograd_; }
+  void set_autograd_meta(std::shared_ptr<autograd::Meta> m) const { autograd_ = std::move(m); }
 
  private:
   void check_type(DType t) const;
@@ -160,6 +194,7 @@ class Tensor {
   Shape shape_, strides_;
   int64_t offset_ = 0;
   int64_t numel_ = 1;  // of shape_, counted (and checked) once: the per-call path asks often
+  mutable std::shared_ptr<autograd::Meta> autograd_;
 };
 
 Shape contiguous_strides(const Shape& shape);

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "autograd/record.hpp"
 #include "core/storage.hpp"
 #include "devices/gpu_memory.hpp"
 #include "opforge/ops.hpp"
@@ -230,6 +231,14 @@ const void* Tensor::const_data() const {
 
 Tensor Tensor::to(const Device& d) const {
   OPFORGE_CHECK(storage_) << "to: tensor is undefined (default-constructed)";
+  if (autograd::wants_grad({*this}))
+    return autograd::differentiable(
+        "to", {*this}, [&] { return to(d); },
+        [&](const Tensor&) {
+          return [home = device()](const std::vector<Tensor>& g) {
+            return std::vector<Tensor>{g[0].to(home)};
+          };
+        });
   OPFORGE_CHECK(device_exists(d)) << "to: no device " << d.str() << " on this machine";
   Device here = device();
   if (here == d || (d.kind == DeviceKind::cpu && here.kind == DeviceKind::cpu)) return *this;
@@ -328,20 +337,47 @@ bool view_strides(const Shape& old_shape, const Shape& old_strides, const Shape&
 }
 }  // namespace
 
+namespace {
+// A view of `base`; when base wants a gradient, recorded with `backward` (the view's gradient to
+// base's).
+template <class Backward>
+Tensor viewed(const Tensor& base, Tensor view, const char* name, Backward backward) {
+  if (!autograd::wants_grad({base})) return view;
+  autograd::record(
+      name, std::span<const Tensor>(&base, 1), std::span<Tensor>(&view, 1),
+      [backward](const std::vector<Tensor>& g) { return std::vector<Tensor>{backward(g[0])}; },
+      true);
+  return view;
+}
+// base's gradient from the gradient of the part `part_of` selects from it: zeros elsewhere.
+template <class Part>
+auto scatter_back(const Tensor& base, Part part_of) {
+  return [shape = base.shape(), part_of](const Tensor& g) {
+    Tensor z = Tensor::zeros(shape, g.dtype());
+    copy_into(part_of(z), g);
+    return z;
+  };
+}
+auto reshape_back(const Tensor& base) {
+  return [shape = base.shape()](const Tensor& g) { return g.reshape(shape); };
+}
+}  // namespace
+
 Tensor Tensor::view(const Shape& shape) const {
   Shape s = infer_shape(shape, numel(), "view");
   Shape st;
   OPFORGE_CHECK(view_strides(shape_, strides_, s, st))
       << "view: a tensor of shape " << shape_str(shape_) << " and strides " << shape_str(strides_)
       << " cannot be viewed as " << shape_str(s) << "; use reshape(), which copies";
-  return Tensor(storage_, dtype_, s, st, offset_);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "view", reshape_back(*this));
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   Shape s = infer_shape(shape, numel(), "reshape");
   Shape st;
-  if (view_strides(shape_, strides_, s, st)) return Tensor(storage_, dtype_, s, st, offset_);
-  return contiguous().view(s);
+  if (view_strides(shape_, strides_, s, st))
+    return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "reshape", reshape_back(*this));
+  return contiguous().view(s);  // both steps record
 }
 
 Tensor Tensor::transpose(int d0, int d1) const {
@@ -363,7 +399,13 @@ Tensor Tensor::permute(const std::vector<int>& dims) const {
     s[i] = shape_[d];
     st[i] = strides_[d];
   }
-  return Tensor(storage_, dtype_, s, st, offset_);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "permute",
+                [dims](const Tensor& g) {
+                  std::vector<int> inverse(dims.size());
+                  for (size_t i = 0; i < dims.size(); i++)
+                    inverse[size_t(wrap_dim(dims[i], int(dims.size()), "permute"))] = int(i);
+                  return g.permute(inverse);
+                });
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
@@ -389,7 +431,8 @@ Tensor Tensor::expand(const Shape& shape) const {
                                << " (only size-1 dimensions expand)";
     }
   }
-  return Tensor(storage_, dtype_, s, st, offset_);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "expand",
+                [shape = shape_](const Tensor& g) { return sum_to(g, shape); });
 }
 
 Tensor Tensor::slice(int d, int64_t start, int64_t stop, int64_t step) const {
@@ -405,7 +448,10 @@ Tensor Tensor::slice(int d, int64_t start, int64_t stop, int64_t step) const {
   s[d] = len;
   st[d] =
       len > 1 ? detail::checked_mul("slice", "the step's stride", strides_[d], step) : strides_[d];
-  return Tensor(storage_, dtype_, s, st, offset_ + start * strides_[d]);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_ + start * strides_[d]), "slice",
+                scatter_back(*this, [d, start, stop, step](const Tensor& z) {
+                  return z.slice(d, start, stop, step);
+                }));
 }
 
 Tensor Tensor::select(int d, int64_t index) const {
@@ -417,7 +463,8 @@ Tensor Tensor::select(int d, int64_t index) const {
   Shape s = shape_, st = strides_;
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  return Tensor(storage_, dtype_, s, st, offset_ + index * strides_[d]);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_ + index * strides_[d]), "select",
+                scatter_back(*this, [d, index](const Tensor& z) { return z.select(d, index); }));
 }
 
 Tensor Tensor::squeeze(int d) const {
@@ -427,7 +474,7 @@ Tensor Tensor::squeeze(int d) const {
   Shape s = shape_, st = strides_;
   s.erase(s.begin() + d);
   st.erase(st.begin() + d);
-  return Tensor(storage_, dtype_, s, st, offset_);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "squeeze", reshape_back(*this));
 }
 
 Tensor Tensor::unsqueeze(int d) const {
@@ -436,7 +483,7 @@ Tensor Tensor::unsqueeze(int d) const {
   int64_t stride = d < dim() ? strides_[d] * shape_[d] : 1;
   s.insert(s.begin() + d, 1);
   st.insert(st.begin() + d, stride);
-  return Tensor(storage_, dtype_, s, st, offset_);
+  return viewed(*this, Tensor(storage_, dtype_, s, st, offset_), "unsqueeze", reshape_back(*this));
 }
 
 Tensor Tensor::contiguous() const {
@@ -473,6 +520,7 @@ void Tensor::copy_from_host(const void* src, size_t bytes) {
       << "copy_from_host: the tensor must be contiguous; copy into contiguous() "
          "and use copy_into for views";
   if (need) std::memcpy(data(), src, need);
+  storage_->version.fetch_add(1, std::memory_order_relaxed);
 }
 
 double Tensor::item() const {

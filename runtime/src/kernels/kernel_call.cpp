@@ -441,13 +441,14 @@ bool same_view(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-void check_writable(const char* op, const Tensor& dst) {
+void begin_write(const char* op, const Tensor& dst) {
   for (int d = 0; d < dst.dim(); d++)
     OPFORGE_CHECK(dst.strides()[d] != 0 || dst.shape()[d] <= 1)
         << op << ": the destination " << shape_str(dst.shape()) << " has stride 0 in dimension "
         << d
         << " (an expanded view), so several of its elements share one address; write into a "
            "tensor that owns its elements (clone() or contiguous() it first)";
+  dst.storage()->version.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace opforge::detail

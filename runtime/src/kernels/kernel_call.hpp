@@ -241,9 +241,11 @@ int wrap_axis(const char* op, int axis, int rank);
 bool may_overlap(const Tensor& a, const Tensor& b);
 // Same storage, offset, shape and strides: a pointwise kernel may read and write it in place.
 bool same_view(const Tensor& a, const Tensor& b);
-// Refuses a destination in which several elements share one address (an expanded, stride-0
-// view), as PyTorch does: what such a write leaves behind depends on the order of the writes.
-void check_writable(const char* op, const Tensor& dst);
+// Before an op writes into an existing tensor (out=, in place): refuses a destination in which
+// several elements share one address (an expanded, stride-0 view), as PyTorch does, since what
+// such a write leaves behind depends on the order of the writes; and counts the write in its
+// storage's version (autograd.hpp).
+void begin_write(const char* op, const Tensor& dst);
 
 // A result made without a kernel (empty, or a constant) goes where a kernel's would have: to the
 // GPU device an input lives on, if any.

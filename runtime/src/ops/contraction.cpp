@@ -1,5 +1,6 @@
 // Contraction family: NumPy matmul and BLAS-style gemm onto batched (B, M, K) x (B, K, N). Batch
 // broadcasting uses stride-0 views; only a transposed inner dimension is copied.
+#include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
 namespace opforge {
@@ -50,7 +51,29 @@ const KernelGroup& float_group(const OpInfo& op, DType a, DType b) {
 
 }  // namespace
 
+namespace {
+// The gradients of matmul(a, b) given g, by matmul itself on transposed views (1-D operands
+// promoted as the forward does, broadcast batch dims summed back).
+std::vector<Tensor> matmul_grads(const Tensor& a, const Tensor& b, const Tensor& g_in) {
+  Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a, b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  Tensor g = g_in;
+  if (a.dim() == 1) g = g.unsqueeze(b.dim() == 1 ? 0 : -2);
+  if (b.dim() == 1) g = g.unsqueeze(-1);
+  Tensor ga = matmul(g, b2.transpose(-1, -2)), gb = matmul(a2.transpose(-1, -2), g);
+  return {sum_to(ga, a2.shape()).reshape(a.shape()), sum_to(gb, b2.shape()).reshape(b.shape())};
+}
+}  // namespace
+
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  if (autograd::wants_grad({a_in, b_in}))
+    return autograd::differentiable(
+        "matmul", {a_in, b_in}, [&] { return matmul(a_in, b_in); },
+        [&](const Tensor&) {
+          return [sa = autograd::SavedTensor(a_in),
+                  sb = autograd::SavedTensor(b_in)](const std::vector<Tensor>& g) {
+            return matmul_grads(sa.unpack("matmul"), sb.unpack("matmul"), g[0]);
+          };
+        });
   static const OpInfo& op = op_info("matmul");
   OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "matmul: an input is undefined";
   OPFORGE_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1)
@@ -96,6 +119,26 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double alpha, double beta,
             bool trans_a, bool trans_b) {
+  if (autograd::wants_grad({a_in, b_in, c_in}))
+    return autograd::differentiable(
+        "gemm", {a_in, b_in, c_in},
+        [&] { return gemm(a_in, b_in, c_in, alpha, beta, trans_a, trans_b); },
+        [&](const Tensor&) {
+          std::optional<Shape> c_shape;
+          if (c_in.defined()) c_shape = c_in.shape();
+          return [sa = autograd::SavedTensor(a_in), sb = autograd::SavedTensor(b_in), c_shape,
+                  alpha, beta, trans_a, trans_b](const std::vector<Tensor>& grads) {
+            // out = alpha op(A) op(B) + beta C: d op(A) = alpha g op(B)^T, d op(B) = alpha op(A)^T
+            // g.
+            Tensor a = sa.unpack("gemm"), b = sb.unpack("gemm"), g = grads[0];
+            Tensor opa = trans_a ? a.transpose(0, 1) : a, opb = trans_b ? b.transpose(0, 1) : b;
+            Tensor ga = mul(matmul(g, opb.transpose(0, 1)), alpha);
+            Tensor gb = mul(matmul(opa.transpose(0, 1), g), alpha);
+            return std::vector<Tensor>{trans_a ? ga.transpose(0, 1) : ga,
+                                       trans_b ? gb.transpose(0, 1) : gb,
+                                       c_shape ? sum_to(mul(g, beta), *c_shape) : Tensor()};
+          };
+        });
   static const OpInfo& op = op_info("gemm");
   OPFORGE_CHECK(a_in.defined() && b_in.defined()) << "gemm: an input is undefined";
   OPFORGE_CHECK(a_in.dim() == 2 && b_in.dim() == 2)

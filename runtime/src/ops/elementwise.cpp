@@ -5,6 +5,7 @@
 #include <functional>
 #include <span>
 
+#include "autograd/record.hpp"
 #include "core/storage.hpp"
 #include "kernels/kernel_call.hpp"
 
@@ -172,7 +173,7 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
         << op.name << ": input " << inout << " is written in place, but it is "
         << dtype_name(in[inout].dtype()) << " and the op computes in " << dtype_name(g.in_dtype)
         << " here; convert it first";
-    check_writable(op.name.c_str(), in[inout]);
+    begin_write(op.name.c_str(), in[inout]);
   }
   for (size_t i = 0; i < in.size(); i++) {
     DType want = kernel_dtype(op, g, i);
@@ -188,7 +189,7 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
     OPFORGE_CHECK(can_cast(g.out_dtype, o.dtype()))
         << op.name << ": the result type " << dtype_name(g.out_dtype)
         << " cannot be cast to output " << k << "'s dtype " << dtype_name(o.dtype());
-    check_writable(op.name.c_str(), o);
+    begin_write(op.name.c_str(), o);
     for (size_t j = 0; j < k; j++)
       OPFORGE_CHECK(!may_overlap(o, outs[j]))
           << op.name << ": outputs " << j << " and " << k << " share memory";
@@ -229,10 +230,15 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
   return TensorList(outs);
 }
 
-// Runs an elementwise op (see run_general) on the dense path when it can, else the general one.
+TensorList run_recorded(const OpInfo& op, std::span<const Tensor> inputs,
+                        std::span<const double> attrs, std::span<const Tensor> outs);
+
+// Runs an elementwise op (see run_general) on the dense path when it can, else the general one;
+// a call whose inputs want gradients is recorded (run_recorded).
 TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
                            std::span<const double> attrs, std::span<const Tensor> outs = {}) {
   check_call(op, inputs.size(), outs.size());
+  if (autograd::wants_grad(inputs)) return run_recorded(op, inputs, attrs, outs);
   if (outs.empty()) {
     std::array<const Tensor*, TensorList::kCapacity> refs;
     for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
@@ -250,7 +256,7 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
                            std::initializer_list<TensorRef> outs = {}) {
   check_call(op, in.size(), outs.size());
   std::span<const double> a(attrs.begin(), attrs.size());
-  if (outs.size() == 0) {
+  if (outs.size() == 0 && !autograd::wants_grad(in)) {
     std::array<const Tensor*, TensorList::kCapacity> refs;
     size_t n = 0;
     for (const Tensor& t : in) refs[n++] = &t;
@@ -259,8 +265,97 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
   }
   TensorList ins, os;
   for (const Tensor& t : in) ins.push_back(t);
-  for (const Tensor& t : outs) os.push_back(t);
-  return run_general(op, ins.span(), a, os.span());
+  for (const Tensor& t : outs) {
+    // An in-place write under autograd gives its target a history: the caller's handle must
+    // share the Meta that the copy here gets it in.
+    if (autograd::wants_grad(in)) autograd::meta_of(t);
+    os.push_back(t);
+  }
+  return run_elementwise(op, ins.span(), a, os.span());
+}
+
+// The gradient of a recorded call: the op's backward kernel (elementwise_backward), with integer
+// inputs taken at the result's dtype and given no gradient. An op with one floating result and no
+// backward kernel is one the DSL declared zero_grad (dsl/op.hpp's has_backward builds a kernel for
+// every other): its gradient is zero.
+autograd::BackwardFn elementwise_formula(const OpInfo& op, std::span<const Tensor> inputs,
+                                         std::span<const double> attrs, DType result) {
+  std::vector<autograd::SavedTensor> saved(inputs.begin(), inputs.end());
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<bool> needed;  // per non-bool input: it wants a gradient
+  for (size_t i = 0; i < inputs.size(); i++) {
+    shapes.push_back(inputs[i].shape());
+    dtypes.push_back(inputs[i].dtype());
+    if (!((op.flags >> i) & 1))
+      needed.push_back(is_floating(inputs[i].dtype()) && inputs[i].requires_grad());
+  }
+  const bool has_kernel = find_op(backward_name(op.name)) != nullptr;
+  return [name = op.name, flags = op.flags, saved = std::move(saved), shapes, dtypes, needed,
+          a = AttrValues(attrs.begin(), attrs.end()), result,
+          has_kernel](const std::vector<Tensor>& grads) {
+    std::vector<Tensor> out(saved.size());
+    if (!has_kernel) {
+      for (size_t i = 0; i < out.size(); i++)
+        if (is_floating(dtypes[i])) out[i] = Tensor::zeros(shapes[i], dtypes[i]);
+      return out;
+    }
+    std::vector<Tensor> in;
+    for (size_t i = 0; i < saved.size(); i++) {
+      Tensor t = saved[i].unpack(name);
+      bool condition = (flags >> i) & 1;
+      in.push_back(condition || is_floating(t.dtype()) ? t : cast(t, result));
+    }
+    std::vector<Tensor> g = elementwise_backward(name, in, grads.at(0), a, needed);
+    size_t k = 0;
+    for (size_t i = 0; i < in.size(); i++) {
+      if ((flags >> i) & 1) continue;
+      out[i] = std::move(g.at(k++));
+    }
+    return out;
+  };
+}
+
+// A call whose inputs want gradients: run with recording off, then one node for it. out= is
+// refused, as PyTorch does; an in-place write is computed out of place from a copy of its target
+// (whose old value the gradient may need), recorded, written back, and the target takes the
+// result's history.
+TensorList run_recorded(const OpInfo& op, std::span<const Tensor> inputs,
+                        std::span<const double> attrs, std::span<const Tensor> outs) {
+  OPFORGE_CHECK(op.inout < 0) << op.name << " writes input " << op.inout
+                              << " in place and records no gradient, and an input requires one; "
+                                 "compose it from out-of-place ops (add, mul)";
+  if (op.num_outputs != 1) autograd::no_gradient(op.name, "it has several results");
+  if (!outs.empty()) {
+    const Tensor& self = outs[0];
+    OPFORGE_CHECK(same_view(self, inputs[0]))
+        << op.name << ": out= records no gradient (as in PyTorch), and an input requires one; "
+        << "call the op without out=";
+    autograd::check_in_place(op.name + "_", self);
+    // Every input that is the target reads its old value: a copy with the target's history.
+    TensorList in(inputs);
+    Tensor old = [&] {
+      autograd::NoGradGuard no_grad;
+      return self.clone();
+    }();
+    old.set_autograd_meta(self.autograd_meta());
+    for (Tensor& t : in)
+      if (same_view(t, self)) t = old;
+    TensorList r = run_recorded(op, in.span(), attrs, {});
+    {
+      autograd::NoGradGuard no_grad;
+      copy_into(self, r[0]);
+    }
+    autograd::take_history(self, r[0]);
+    return TensorList(outs);
+  }
+  TensorList results = [&] {
+    autograd::NoGradGuard no_grad;
+    return run_elementwise(op, inputs, attrs);
+  }();
+  autograd::record(op.name, inputs, std::span<Tensor>(results.begin(), results.size()),
+                   elementwise_formula(op, inputs, attrs, results[0].dtype()));
+  return results;
 }
 
 // Writes v into a 0-d host tensor of dtype d.
@@ -429,8 +524,9 @@ Tensor& in_place(Tensor& self, const char* name, const Tensor& other) {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (alpha == 1) return in_place(*this, "add", other);
   OPFORGE_CHECK(defined() && other.defined()) << "add_: a tensor is undefined";
-  // One in-place pass (axpy_) where the result stays floating; integers as PyTorch: other * alpha.
-  if (is_floating(dtype())) {
+  // One in-place pass (axpy_) where the result stays floating and no gradient is recorded;
+  // integers as PyTorch: other * alpha.
+  if (is_floating(dtype()) && !autograd::wants_grad({*this, other})) {
     axpy_(*this, alpha, other.dtype() == dtype() ? other : cast(other, dtype()));
     return *this;
   }
@@ -467,6 +563,14 @@ Tensor& Tensor::zero_() { return fill_(0); }
 Tensor cast(const Tensor& x, DType dtype) {
   OPFORGE_CHECK(x.defined()) << "cast: input is undefined";
   if (x.dtype() == dtype) return x;
+  if (autograd::wants_grad({x}))
+    return autograd::differentiable(
+        "cast", {x}, [&] { return cast(x, dtype); },
+        [&](const Tensor&) {
+          return [from = x.dtype()](const std::vector<Tensor>& g) {
+            return std::vector<Tensor>{cast(g[0], from)};
+          };
+        });
   static const OpInfo& op = op_info("cast");
   const KernelGroup& g =
       op.group(std::string(dtype_name(x.dtype())) + "_to_" + std::string(dtype_name(dtype)));

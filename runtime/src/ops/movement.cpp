@@ -2,14 +2,35 @@
 // Reshape, transpose, slice and expand are views in tensor.cpp and need no kernel.
 #include <numeric>
 
+#include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
 namespace opforge {
 using namespace detail;
 
+namespace {
+// copy_into under autograd: the destination is overwritten completely, so it takes a history of
+// its own (the source's gradient, summed back to the source's shape) and drops its old one.
+void copy_recorded(const Tensor& dst, const Tensor& src) {
+  autograd::check_in_place("copy_", dst);
+  {
+    autograd::NoGradGuard no_grad;
+    copy_into(dst, src);
+  }
+  Tensor result = dst.detach();
+  if (autograd::wants_grad({src}))
+    autograd::record("copy_", std::span<const Tensor>(&src, 1), std::span<Tensor>(&result, 1),
+                     [shape = src.shape()](const std::vector<Tensor>& g) {
+                       return std::vector<Tensor>{sum_to(g[0], shape)};
+                     });
+  autograd::take_history(dst, result);
+}
+}  // namespace
+
 void copy_into(const Tensor& dst, const Tensor& src_in) {
   static const OpInfo& op = op_info("copy");
   OPFORGE_CHECK(dst.defined() && src_in.defined()) << "copy_into: a tensor is undefined";
+  if (autograd::wants_grad({dst, src_in})) return copy_recorded(dst, src_in);
   Tensor src = src_in.dtype() == dst.dtype() ? src_in : cast(src_in, dst.dtype());
   const Tensor both[] = {src, dst};
   Shape b = broadcast_shapes("copy_into", both);
@@ -17,13 +38,30 @@ void copy_into(const Tensor& dst, const Tensor& src_in) {
                                   << " does not broadcast to the destination shape "
                                   << shape_str(dst.shape());
   if (dst.numel() == 0) return;
-  check_writable("copy_into", dst);
+  begin_write("copy_into", dst);
   // A source that overlaps the destination in memory is read completely before any write.
   if (may_overlap(src, dst)) src = src.clone();
   run_strided(op.group(std::string(dtype_name(dst.dtype()))), src.expand(dst.shape()), dst);
 }
 
 Tensor concat(const std::vector<Tensor>& xs, int axis) {
+  if (autograd::wants_grad(std::span<const Tensor>(xs)))
+    return autograd::differentiable(
+        "concat", std::span<const Tensor>(xs), [&] { return concat(xs, axis); },
+        [&](const Tensor& out) {
+          int ax = wrap_axis("concat", axis, out.dim());
+          std::vector<int64_t> sizes;
+          for (const Tensor& x : xs) sizes.push_back(x.shape()[ax]);
+          return [ax, sizes](const std::vector<Tensor>& g) {
+            std::vector<Tensor> parts;
+            int64_t off = 0;
+            for (int64_t n : sizes) {
+              parts.push_back(g[0].slice(ax, off, off + n));
+              off += n;
+            }
+            return parts;
+          };
+        });
   OPFORGE_CHECK(!xs.empty()) << "concat: needs at least one tensor";
   const Tensor& first = xs[0];
   OPFORGE_CHECK(first.defined() && first.dim() >= 1) << "concat: tensors need at least 1 dimension";
@@ -53,6 +91,17 @@ Tensor concat(const std::vector<Tensor>& xs, int axis) {
 }
 
 Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value) {
+  if (autograd::wants_grad({x}))
+    return autograd::differentiable(
+        "pad", {x}, [&] { return pad(x, pads, value); },
+        [&](const Tensor&) {
+          return [pads, shape = x.shape()](const std::vector<Tensor>& g) {
+            Tensor inner = g[0];
+            for (size_t d = 0; d < shape.size(); d++)
+              inner = inner.slice(int(d), pads[d].first, pads[d].first + shape[d]);
+            return std::vector<Tensor>{inner};
+          };
+        });
   OPFORGE_CHECK(x.defined()) << "pad: input is undefined";
   OPFORGE_CHECK(int(pads.size()) == x.dim())
       << "pad: got " << pads.size() << " (before, after) pairs for a tensor of rank " << x.dim();
@@ -76,6 +125,8 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
 Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   static const OpInfo& op = op_info("gather");
   OPFORGE_CHECK(x_in.defined() && index.defined()) << "index_select: an input is undefined";
+  autograd::check_no_grad_needed("index_select", std::span<const Tensor>(&x_in, 1),
+                                 "its backward is an index_add kernel, not generated yet");
   OPFORGE_CHECK(index.dim() <= 1) << "index_select: index must be 1-D, got shape "
                                   << shape_str(index.shape());
   OPFORGE_CHECK(index.dtype() == DType::Int32 || index.dtype() == DType::Int64)
@@ -108,6 +159,8 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
 
 Tensor gather(const Tensor& x, int axis, const Tensor& index) {
   OPFORGE_CHECK(x.defined() && index.defined()) << "gather: an input is undefined";
+  autograd::check_no_grad_needed("gather", std::span<const Tensor>(&x, 1),
+                                 "its backward is a scatter_add kernel, not generated yet");
   OPFORGE_CHECK(x.dim() >= 1)
       << "gather: the input must have at least 1 dimension, got a 0-d tensor";
   int ax = wrap_axis("gather", axis, x.dim());

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
 namespace opforge {
@@ -135,33 +136,104 @@ Tensor arg_reduce(const OpInfo& op, const Tensor& x, std::optional<int> axis, bo
   return keepdims ? r.reshape(Shape(size_t(x.dim()), 1)) : r;
 }
 
+// t (a reduction's result or gradient) with x's rank: the reduced dims kept as size 1, so that it
+// broadcasts back over x.
+Tensor kept(const Tensor& t, const Shape& x_shape, const std::vector<int>& axes, bool keepdims) {
+  if (keepdims) return t;
+  Shape s = x_shape;
+  for (int a : axes) s[size_t(a)] = 1;
+  return t.reshape(s);
+}
+
+// What a reduction's gradient needs saved: its input, its result (neither, for sum and mean).
+enum Saves { kNone = 0, kInput = 1, kResult = 2 };
+
+// A reduction that records grad(x, y, g) -> x's gradient, where y (the result, if saved) and g
+// (the result's gradient) have x's rank with the reduced dims kept as size 1, and x is the input
+// if saved.
+template <class Grad>
+Tensor reduce_recorded(const OpInfo& op, const Tensor& x, const std::vector<int>& axes_in,
+                       bool keepdims, const AttrValues& attrs, int saves, Grad grad) {
+  return autograd::differentiable(
+      op.name, {x}, [&] { return reduce_named(op, x, axes_in, keepdims, attrs); },
+      [&](const Tensor& y) {
+        std::vector<int> axes = normalize_axes(op.name.c_str(), axes_in, x.dim());
+        autograd::SavedTensor sx = saves & kInput ? x : Tensor(),
+                              sy = saves & kResult ? y : Tensor();
+        return [name = op.name, sx, sy, axes, keepdims, shape = x.shape(),
+                grad](const std::vector<Tensor>& g) {
+          Tensor xv = sx.unpack(name), yv = sy.unpack(name);
+          if (yv.defined()) yv = kept(yv, shape, axes, keepdims);
+          return std::vector<Tensor>{grad(xv, yv, kept(g[0], shape, axes, keepdims), shape, axes)};
+        };
+      });
+}
+
+// The number of elements each result element reduced, as a double.
+double reduced_count(const Shape& shape, const std::vector<int>& axes) {
+  double n = 1;
+  for (int a : axes) n *= double(shape[size_t(a)]);
+  return n;
+}
+
+// The gradient of max and min: shared evenly among the elements equal to the result (PyTorch's
+// amax/amin rule).
+Tensor extremum_grad(const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
+                     const std::vector<int>& axes) {
+  Tensor mask = cast(eq(x, y), g.dtype());
+  return mul(g, div(mask, sum(mask, axes, true)));
+}
+
 }  // namespace
 
 Tensor reduction(const std::string& op, const Tensor& x, std::vector<int> axes, bool keepdims,
                  const AttrValues& attrs, const std::vector<Tensor>& extra) {
+  autograd::check_no_grad_needed(op, std::span<const Tensor>(&x, 1),
+                                 "reduction() by name records no gradient; call the op's own "
+                                 "function (sum, mean, softmax, ...)");
   return run_reduction(op_info(op), x, std::move(axes), keepdims, attrs, extra);
 }
 
 Tensor sum(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("sum"), x, axes, keepdims);
+  return reduce_recorded(OPFORGE_OP("sum"), x, axes, keepdims, {}, kNone,
+                         [](const Tensor&, const Tensor&, const Tensor& g, const Shape& shape,
+                            const std::vector<int>&) { return g.expand(shape); });
 }
 Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("mean"), x, axes, keepdims);
+  return reduce_recorded(
+      OPFORGE_OP("mean"), x, axes, keepdims, {}, kNone,
+      [](const Tensor&, const Tensor&, const Tensor& g, const Shape& shape,
+         const std::vector<int>& ax) { return div(g, reduced_count(shape, ax)).expand(shape); });
 }
 Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("prod"), x, axes, keepdims);
+  return reduce_recorded(
+      OPFORGE_OP("prod"), x, axes, keepdims, {}, kInput | kResult,
+      [](const Tensor& xv, const Tensor& y, const Tensor& g, const Shape&,
+         const std::vector<int>&) {
+        OPFORGE_CHECK(sum(eq(xv, 0.0)).item() == 0)
+            << "prod: the gradient where an input is zero is not available yet (it needs the "
+               "product of the others, not the product divided by the input)";
+        return div(mul(g, y), xv);
+      });
 }
 Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("max"), x, axes, keepdims);
+  return reduce_recorded(OPFORGE_OP("max"), x, axes, keepdims, {}, kInput | kResult, extremum_grad);
 }
 Tensor min(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("min"), x, axes, keepdims);
+  return reduce_recorded(OPFORGE_OP("min"), x, axes, keepdims, {}, kInput | kResult, extremum_grad);
 }
 Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_named(OPFORGE_OP("logsumexp"), x, axes, keepdims);
+  return reduce_recorded(OPFORGE_OP("logsumexp"), x, axes, keepdims, {}, kInput | kResult,
+                         [](const Tensor& xv, const Tensor& y, const Tensor& g, const Shape&,
+                            const std::vector<int>&) { return mul(g, exp(sub(xv, y))); });
 }
 Tensor var(const Tensor& x, const std::vector<int>& axes, bool keepdims, double ddof) {
-  return reduce_named(OPFORGE_OP("var"), x, axes, keepdims, {ddof});
+  return reduce_recorded(OPFORGE_OP("var"), x, axes, keepdims, {ddof}, kInput,
+                         [ddof](const Tensor& xv, const Tensor&, const Tensor& g,
+                                const Shape& shape, const std::vector<int>& ax) {
+                           double scale = 2 / (reduced_count(shape, ax) - ddof);
+                           return mul(g, mul(sub(xv, mean(xv, ax, true)), scale));
+                         });
 }
 Tensor argmax(const Tensor& x, std::optional<int> axis, bool keepdims) {
   return arg_reduce(OPFORGE_OP("argmax"), x, axis, keepdims);
@@ -170,15 +242,54 @@ Tensor argmin(const Tensor& x, std::optional<int> axis, bool keepdims) {
   return arg_reduce(OPFORGE_OP("argmin"), x, axis, keepdims);
 }
 Tensor softmax(const Tensor& x, int axis) {
-  return reduce_named(OPFORGE_OP("softmax"), x, {axis}, true);
+  return reduce_recorded(
+      OPFORGE_OP("softmax"), x, {axis}, true, {}, kResult,
+      [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
+         const std::vector<int>& ax) { return mul(y, sub(g, sum(mul(g, y), ax, true))); });
 }
 Tensor log_softmax(const Tensor& x, int axis) {
-  return reduce_named(OPFORGE_OP("log_softmax"), x, {axis}, true);
+  return reduce_recorded(
+      OPFORGE_OP("log_softmax"), x, {axis}, true, {}, kResult,
+      [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
+         const std::vector<int>& ax) { return sub(g, mul(exp(y), sum(g, ax, true))); });
 }
+
+namespace {
+// The gradients of layer_norm at x over `axes`, given g (the result's gradient): with
+// xhat = (x - mean) * rstd and gw = g * weight,
+// dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), dweight = sum(g * xhat), dbias = sum(g).
+std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w,
+                                     const std::optional<Shape>& bias_shape, const Tensor& g,
+                                     const std::vector<int>& axes, double eps) {
+  Tensor rstd = rsqrt(add(var(x, axes, true), eps));
+  Tensor xhat = mul(sub(x, mean(x, axes, true)), rstd);
+  Tensor gw = w.defined() ? mul(g, w) : g;
+  Tensor dx =
+      mul(rstd, sub(sub(gw, mean(gw, axes, true)), mul(xhat, mean(mul(gw, xhat), axes, true))));
+  Tensor dw = w.defined() ? sum_to(mul(g, xhat), w.shape()) : Tensor();
+  Tensor db = bias_shape ? sum_to(g, *bias_shape) : Tensor();
+  return {dx, dw, db};
+}
+}  // namespace
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
   OPFORGE_CHECK(x.defined()) << "layer_norm: input is undefined";
+  if (autograd::wants_grad({x, weight, bias}))
+    return autograd::differentiable(
+        "layer_norm", {x, weight, bias},
+        [&] { return layer_norm(x, normalized_shape, weight, bias, eps); },
+        [&](const Tensor&) {
+          std::vector<int> axes;
+          for (int i = x.dim() - int(normalized_shape.size()); i < x.dim(); i++) axes.push_back(i);
+          std::optional<Shape> bias_shape;
+          if (bias.defined()) bias_shape = bias.shape();
+          return [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(weight), bias_shape,
+                  axes, eps](const std::vector<Tensor>& g) {
+            return layer_norm_grads(sx.unpack("layer_norm"), sw.unpack("layer_norm"), bias_shape,
+                                    g[0], axes, eps);
+          };
+        });
   int k = int(normalized_shape.size());
   OPFORGE_CHECK(k >= 1 && k <= x.dim())
       << "layer_norm: normalized_shape " << shape_str(normalized_shape) << " must name 1 to "

@@ -1,5 +1,6 @@
 // Window family: NCHW convolution and pooling. The runtime checks the geometry and sizes the
 // output; the kernels read it from the output buffer.
+#include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
 namespace opforge {
@@ -62,6 +63,12 @@ Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool a
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
               const Conv2dOptions& o) {
   static const OpInfo& op = op_info("conv2d");
+  {
+    const Tensor in[] = {x_in, w_in, bias_in};
+    autograd::check_no_grad_needed("conv2d", in,
+                                   "conv2d_backward_input and conv2d_backward_weight are not "
+                                   "generated yet");
+  }
   OPFORGE_CHECK(x_in.defined() && x_in.dim() == 4)
       << "conv2d: input must be 4-D NCHW, got shape "
       << (x_in.defined() ? shape_str(x_in.shape()) : "undefined");
@@ -104,9 +111,13 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
 }
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  autograd::check_no_grad_needed("max_pool2d", std::span<const Tensor>(&x, 1),
+                                 "its backward kernel is not generated yet");
   return pool("max_pool2d", x, o, false);
 }
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  autograd::check_no_grad_needed("avg_pool2d", std::span<const Tensor>(&x, 1),
+                                 "its backward kernel is not generated yet");
   return pool("avg_pool2d", x, o, true);
 }
 

@@ -1,0 +1,45 @@
+// opforge::torch::functional: torch.nn.functional's names and semantics over the op API. Every
+// function records for autograd through the ops it is made of.
+#pragma once
+#include "opforge/ops.hpp"
+
+namespace opforge::torch::functional {
+
+// How a loss reduces over the batch (PyTorch's `reduction=`).
+enum class Reduction { mean, sum, none };
+
+inline Tensor relu(const Tensor& x) { return opforge::relu(x); }
+inline Tensor gelu(const Tensor& x) { return opforge::gelu(x); }
+inline Tensor sigmoid(const Tensor& x) { return opforge::sigmoid(x); }
+inline Tensor tanh(const Tensor& x) { return opforge::tanh(x); }
+inline Tensor softmax(const Tensor& x, int dim) { return opforge::softmax(x, dim); }
+inline Tensor log_softmax(const Tensor& x, int dim) { return opforge::log_softmax(x, dim); }
+
+// x @ weight^T + bias; weight is (out_features, in_features), bias (out_features) or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// Dims start_dim..end_dim as one.
+Tensor flatten(const Tensor& x, int start_dim = 1, int end_dim = -1);
+
+// Zeroes each element with probability p and scales the others by 1 / (1 - p) when training;
+// x itself otherwise.
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = true,
+               Generator& g = default_generator());
+
+// (N) class indices in [0, num_classes) as an (N, num_classes) tensor of 0 and 1 in `dtype`.
+Tensor one_hot(const Tensor& target, int64_t num_classes, DType dtype = DType::Int64);
+
+// log_probs (N, C) and class indices (N): -log_probs[i, target[i]], reduced.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
+                Reduction reduction = Reduction::mean);
+// log_softmax then nll_loss, with PyTorch's label smoothing: the target distribution is
+// (1 - label_smoothing) on the class plus label_smoothing / C on every class.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0,
+                     Reduction reduction = Reduction::mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+
+}  // namespace opforge::torch::functional
+
+namespace opforge::torch {
+namespace F = functional;
+}

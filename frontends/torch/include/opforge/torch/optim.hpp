@@ -1,0 +1,111 @@
+// opforge::torch::optim: torch.optim's SGD, Adam and AdamW (the same update rules, step for step)
+// and the StepLR and CosineAnnealingLR schedules. A step runs under no_grad and updates each
+// parameter and its state in place; the updates are compositions of elementwise kernels (axpy_
+// for the parameter), not yet one fused kernel per parameter.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "opforge/tensor.hpp"
+
+namespace opforge::torch::optim {
+
+class Optimizer {
+ public:
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  // One update of every parameter that has a gradient.
+  virtual void step() = 0;
+  void zero_grad(bool set_to_none = true);
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+struct SGDOptions {
+  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+};
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& o);
+  void step() override;
+
+ private:
+  SGDOptions o_;
+  std::vector<Tensor> momentum_;  // per parameter, made at its first step
+};
+
+struct AdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+};
+// Adam (weight decay added to the gradient) and, with decoupled = true, AdamW (weight decay
+// applied to the parameter: p *= 1 - lr * weight_decay).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled = false);
+  void step() override;
+  int64_t steps() const { return t_; }
+
+ private:
+  AdamOptions o_;
+  bool decoupled_;
+  int64_t t_ = 0;
+  std::vector<Tensor> m_, v_;
+};
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+};
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, const AdamWOptions& o)
+      : Adam(std::move(params), {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}, true) {}
+};
+
+// Learning-rate schedules: step() once per epoch, as in PyTorch; each sets the optimiser's rate
+// from the rate it had when the schedule was made and the epochs counted so far.
+class LRScheduler {
+ public:
+  explicit LRScheduler(Optimizer& opt) : opt_(opt), base_(opt.lr()) {}
+  virtual ~LRScheduler() = default;
+  void step() { opt_.set_lr(lr_at(++epoch_, base_)); }
+  int64_t epoch() const { return epoch_; }
+
+ protected:
+  virtual double lr_at(int64_t epoch, double base) const = 0;
+
+ private:
+  Optimizer& opt_;
+  double base_;
+  int64_t epoch_ = 0;
+};
+// base * gamma^(epoch / step_size), the division rounded down.
+class StepLR : public LRScheduler {
+ public:
+  StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
+
+ protected:
+  double lr_at(int64_t epoch, double base) const override;
+
+ private:
+  int64_t step_size_;
+  double gamma_;
+};
+// eta_min + (base - eta_min) (1 + cos(pi epoch / t_max)) / 2.
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0);
+
+ protected:
+  double lr_at(int64_t epoch, double base) const override;
+
+ private:
+  int64_t t_max_;
+  double eta_min_;
+};
+
+}  // namespace opforge::torch::optim
