@@ -1,4 +1,4 @@
-# Entry points named in README: `make demo` (set-up, build, benchmarks and the sample) and
+# Entry points named in README: `make demo` (set-up, build, the main job: opforge train) and
 # `make test` (set-up, build, every test). Both install missing Debian packages first.
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -22,10 +22,9 @@ test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 900
 	@JOBS=$(JOBS) scripts/sanitizer-tests.sh $(BUILD)
 
+# The main job: an MLP trained on Fashion-MNIST (opforge train's defaults), its run folder printed.
 demo: build
-	$(BUILD)/bin/quickstart
-	$(BUILD)/bin/opforge info
-	$(BUILD)/bin/opforge bench
+	$(BUILD)/bin/opforge train
 
 bench: build
 	$(BUILD)/bin/opforge bench

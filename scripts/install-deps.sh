@@ -6,7 +6,7 @@ packages=(
   cmake ninja-build g++ ccache pkg-config make
   libhalide14-0-dev llvm-14-dev libboost-dev librange-v3-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev libtorch-dev
-  pocl-opencl-icd ocl-icd-opencl-dev
+  pocl-opencl-icd ocl-icd-opencl-dev zlib1g-dev libplplot-dev dataset-fashion-mnist
 )
 missing=()
 for p in "${packages[@]}"; do

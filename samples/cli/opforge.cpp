@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -26,6 +27,7 @@
 #include "opforge/registry.hpp"
 #include "peers.hpp"
 #include "scheduler_bench.hpp"
+#include "train.hpp"
 
 namespace opforge::cli {
 namespace {
@@ -443,7 +445,9 @@ const CLI::Validator kRegex(
 }  // namespace
 
 int run(int argc, char** argv) {
-  CLI::App app{"opforge: inspect the operator library and benchmark it against peer libraries"};
+  CLI::App app{
+      "opforge: train on Fashion-MNIST, inspect the operator library, benchmark it against peer "
+      "libraries"};
   app.require_subcommand(1);
 
   bool info_json_flag = false;
@@ -470,6 +474,46 @@ int run(int argc, char** argv) {
                   "Compare device placement policies on two logical CPU devices, one of them "
                   "loaded by another process");
 
+  TrainOptions train;
+  CLI::App* train_cmd = app.add_subcommand(
+      "train", "Train a model on Fashion-MNIST and write a run folder (weights, metrics, plot)");
+  train_cmd->add_option("--model", train.model, "mlp (784-512-256-10, ReLU) or cnn")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->capture_default_str();
+  train_cmd->add_option("--epochs", train.epochs)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train_cmd->add_option("--batch-size", train.batch_size)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train_cmd->add_option("--optimizer", train.optimizer, "sgd (momentum 0.9), adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  train_cmd->add_option("--lr", train.lr, "Learning rate (default: 0.05 for sgd, 1e-3 for adam)")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--label-smoothing", train.label_smoothing)->check(CLI::Range(0.0, 1.0));
+  train_cmd->add_option("--seed", train.seed, "Seeds the initialisation and the data order")
+      ->capture_default_str();
+  train_cmd->add_option("--threads", train.threads, "Kernel threads (default: every core)")
+      ->check(CLI::PositiveNumber);
+  train_cmd
+      ->add_option("--device", train.device,
+                   "auto (placed per call) or one device: cpu, "
+                   "opencl:0, cuda:0")
+      ->capture_default_str();
+  train_cmd->add_option("--data", train.data, "Folder with the Fashion-MNIST IDX files");
+  train_cmd->add_option("--limit", train.limit, "Train on the first N training images only")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option("--out", train.out, "Run folder (default: runs/<model>-<date>-<time>)");
+
+  EvalOptions eval;
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval", "Test accuracy and confusion matrix of weights from opforge train");
+  eval_cmd->add_option("--weights", eval.weights, "weights.safetensors of a run")
+      ->required()
+      ->check(CLI::ExistingFile);
+  eval_cmd->add_option("--data", eval.data, "Folder with the Fashion-MNIST IDX files");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -480,6 +524,12 @@ int run(int argc, char** argv) {
 
   try {
     if (*info) return run_info(info_json_flag, info_load_flag);
+    if (*train_cmd) {
+      // Halide's thread pool reads it when the first kernel runs.
+      if (train.threads > 0) setenv("HL_NUM_THREADS", std::to_string(train.threads).c_str(), 1);
+      return run_train(train);
+    }
+    if (*eval_cmd) return run_eval(eval);
     if (*bench && scheduler_flag)
       return run_scheduler_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : SchedulerBenchOptions{}.repeats,

@@ -1,0 +1,228 @@
+// IDX files through zlib (which reads plain files too), and the DataLoader's background thread.
+#include "opforge/torch/data.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+
+#include "opforge/ops.hpp"
+
+namespace opforge::torch::data {
+namespace {
+std::vector<uint8_t> read_all(const std::string& path) {
+  OPFORGE_CHECK(std::filesystem::exists(path)) << path << ": no such file";
+  gzFile f = gzopen(path.c_str(), "rb");
+  OPFORGE_CHECK(f) << path << ": cannot open it";
+  std::vector<uint8_t> out;
+  uint8_t buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.insert(out.end(), buf, buf + n);
+  int err = 0;
+  std::string msg = n < 0 ? gzerror(f, &err) : "";
+  gzclose(f);
+  OPFORGE_CHECK(n == 0) << path << ": the gzip stream is corrupt (" << msg << ")";
+  return out;
+}
+
+uint32_t big_endian(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
+}
+
+// The dims of an IDX file of unsigned bytes with `rank` dims, and where its data starts.
+Shape idx_header(const std::string& path, const std::vector<uint8_t>& bytes, int rank,
+                 size_t& data_at) {
+  OPFORGE_CHECK(bytes.size() >= 4) << path << ": too short for an IDX header";
+  OPFORGE_CHECK(bytes[0] == 0 && bytes[1] == 0)
+      << path << ": not an IDX file (its first two bytes are not zero)";
+  OPFORGE_CHECK(bytes[2] == 0x08) << path << ": IDX element type 0x" << std::hex << int(bytes[2])
+                                  << ", expected 0x08 (unsigned bytes)";
+  OPFORGE_CHECK(bytes[3] == rank) << path << ": an IDX file of " << int(bytes[3])
+                                  << " dims, expected " << rank;
+  data_at = 4 + 4 * size_t(rank);
+  OPFORGE_CHECK(bytes.size() >= data_at) << path << ": too short for its " << rank << " dims";
+  Shape dims;
+  uint64_t count = 1;
+  for (int d = 0; d < rank; d++) {
+    dims.push_back(int64_t(big_endian(&bytes[4 + 4 * size_t(d)])));
+    count *= uint64_t(dims.back());
+    OPFORGE_CHECK(count <= bytes.size())
+        << path << ": its dims " << shape_str(dims) << " hold more bytes than the file";
+  }
+  OPFORGE_CHECK(bytes.size() - data_at == count)
+      << path << ": " << bytes.size() - data_at << " bytes of data, its dims " << shape_str(dims)
+      << " say " << count;
+  return dims;
+}
+
+// path, or path.gz when only that exists.
+std::string either(const std::string& dir, const std::string& name) {
+  std::string plain = dir + "/" + name;
+  if (std::filesystem::exists(plain)) return plain;
+  std::string gz = plain + ".gz";
+  OPFORGE_CHECK(std::filesystem::exists(gz))
+      << "Fashion-MNIST: " << gz << " is missing (the Debian package dataset-fashion-mnist "
+      << "installs the data set in " << kFashionMnistDir << "; or pass the folder that holds it)";
+  return gz;
+}
+}  // namespace
+
+Tensor read_idx_images(const std::string& path) {
+  std::vector<uint8_t> bytes = read_all(path);
+  size_t at = 0;
+  Shape d = idx_header(path, bytes, 3, at);
+  Tensor t = Tensor::empty({d[0], 1, d[1], d[2]}, DType::Float32);
+  float* p = t.data_ptr<float>();
+  for (size_t i = 0; i < bytes.size() - at; i++) p[i] = float(bytes[at + i]) / 255.0f;
+  return t;
+}
+
+Tensor read_idx_labels(const std::string& path) {
+  std::vector<uint8_t> bytes = read_all(path);
+  size_t at = 0;
+  Shape d = idx_header(path, bytes, 1, at);
+  Tensor t = Tensor::empty({d[0]}, DType::Int64);
+  int64_t* p = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < bytes.size() - at; i++) p[i] = bytes[at + i];
+  return t;
+}
+
+FashionMnist load_fashion_mnist(const std::string& dir) {
+  FashionMnist f;
+  for (auto [set, prefix] : {std::pair{&f.train, "train"}, std::pair{&f.test, "t10k"}}) {
+    std::string images = either(dir, std::string(prefix) + "-images-idx3-ubyte");
+    std::string labels = either(dir, std::string(prefix) + "-labels-idx1-ubyte");
+    set->images = read_idx_images(images);
+    set->labels = read_idx_labels(labels);
+    OPFORGE_CHECK(set->images.size(0) == set->labels.size(0))
+        << images << " holds " << set->images.size(0) << " images, " << labels << " "
+        << set->labels.size(0) << " labels";
+    OPFORGE_CHECK(set->images.size(2) == 28 && set->images.size(3) == 28)
+        << images << ": images of " << set->images.size(2) << "x" << set->images.size(3)
+        << ", Fashion-MNIST's are 28x28";
+    double top = opforge::max(set->labels).item();
+    OPFORGE_CHECK(top <= 9) << labels << ": a label " << top << ", Fashion-MNIST's are 0 to 9";
+  }
+  return f;
+}
+
+Dataset head(const Dataset& d, int64_t n) {
+  if (n <= 0 || n >= d.size()) return d;
+  return {d.images.slice(0, 0, n).contiguous(), d.labels.slice(0, 0, n).contiguous()};
+}
+
+DataLoader::DataLoader(Dataset d, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last)
+    : d_(std::move(d)),
+      batch_size_(batch_size),
+      shuffle_(shuffle),
+      drop_last_(drop_last),
+      seed_(seed) {
+  OPFORGE_CHECK(batch_size > 0) << "DataLoader: batch size must be positive, got " << batch_size;
+  OPFORGE_CHECK(d_.images.defined() && d_.labels.defined() && d_.images.dim() >= 1 &&
+                d_.images.size(0) == d_.labels.size(0))
+      << "DataLoader: images and labels must be defined and hold the same number of samples";
+  d_.images = d_.images.contiguous();
+  d_.labels = d_.labels.contiguous();
+  start_epoch(0);
+  worker_ = std::thread([this] { work(); });
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+int64_t DataLoader::batches_per_epoch() const {
+  int64_t n = d_.size();
+  return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+}
+
+void DataLoader::start_epoch(int64_t epoch) {
+  auto order = std::make_shared<std::vector<int64_t>>(size_t(d_.size()));
+  std::iota(order->begin(), order->end(), 0);
+  if (shuffle_) {
+    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + uint64_t(epoch));
+    std::shuffle(order->begin(), order->end(), rng);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    order_ = std::move(order);
+    generation_++;
+    ready_.reset();
+    error_.clear();
+    wanted_ = 0;
+    consumed_ = 0;
+  }
+  cv_.notify_all();
+}
+
+Batch DataLoader::gather(const std::vector<int64_t>& order, int64_t index) const {
+  int64_t first = index * batch_size_;
+  int64_t n = std::min(batch_size_, d_.size() - first);
+  Shape is = d_.images.shape();
+  is[0] = n;
+  Batch b{Tensor::empty(is, d_.images.dtype()), Tensor::empty({n}, d_.labels.dtype()), index};
+  const size_t row =
+      size_t(d_.images.numel() / std::max<int64_t>(d_.size(), 1)) * d_.images.element_size();
+  const auto* src = static_cast<const char*>(d_.images.const_data());
+  const auto* lsrc = static_cast<const int64_t*>(d_.labels.const_data());
+  auto* dst = static_cast<char*>(b.images.data());
+  auto* ldst = b.labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; i++) {
+    int64_t s = order[size_t(first + i)];
+    std::memcpy(dst + size_t(i) * row, src + size_t(s) * row, row);
+    ldst[i] = lsrc[s];
+  }
+  return b;
+}
+
+void DataLoader::work() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk,
+             [&] { return stop_ || (!ready_ && error_.empty() && wanted_ < batches_per_epoch()); });
+    if (stop_) return;
+    const int64_t index = wanted_, generation = generation_;
+    std::shared_ptr<const std::vector<int64_t>> order = order_;
+    lk.unlock();
+    std::optional<Batch> b;
+    std::string error;
+    try {
+      b = gather(*order, index);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lk.lock();
+    if (generation != generation_) continue;  // start_epoch came meanwhile
+    if (!error.empty()) {
+      error_ = error;
+    } else {
+      ready_ = std::move(b);
+      wanted_++;
+    }
+    cv_.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (consumed_ >= batches_per_epoch()) return std::nullopt;
+  cv_.wait(lk, [&] { return ready_.has_value() || !error_.empty(); });
+  OPFORGE_CHECK(error_.empty()) << "DataLoader: preparing batch " << wanted_
+                                << " failed: " << error_;
+  std::optional<Batch> b = std::move(ready_);
+  ready_.reset();
+  consumed_++;
+  lk.unlock();
+  cv_.notify_all();
+  return b;
+}
+
+}  // namespace opforge::torch::data

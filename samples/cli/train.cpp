@@ -1,0 +1,231 @@
+// The training loop of `opforge train` and the evaluation of `opforge eval`, over opforge::torch.
+#include "train.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "opforge/dispatch.hpp"
+#include "opforge/safetensors.hpp"
+#include "opforge/torch.hpp"
+#include "opforge/torch/data.hpp"
+#include "plot.hpp"
+
+namespace opforge::cli {
+namespace {
+using namespace opforge::torch;
+namespace fs = std::filesystem;
+using Seconds = std::chrono::duration<double>;
+
+std::shared_ptr<nn::Module> make_model(const std::string& name, Generator& g) {
+  if (name == "mlp")
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Flatten>(),
+        std::make_shared<nn::Linear>(784, 512, true, DType::Float32, g),
+        std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(512, 256, true, DType::Float32, g),
+        std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(256, 10, true, DType::Float32, g)});
+  if (name == "cnn")
+    throw Error(
+        "model cnn: its conv2d and max_pool2d layers have no gradient yet (their backward kernels "
+        "are not generated), so it cannot be trained; use --model mlp");
+  throw Error("unknown model \"" + name + "\"; expected mlp or cnn");
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> p) {
+  if (o.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(
+        std::move(p), optim::SGDOptions{.lr = o.lr ? o.lr : 0.05, .momentum = 0.9});
+  if (o.optimizer == "adam")
+    return std::make_unique<optim::Adam>(std::move(p),
+                                         optim::AdamOptions{.lr = o.lr ? o.lr : 1e-3});
+  if (o.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(std::move(p),
+                                          optim::AdamWOptions{.lr = o.lr ? o.lr : 1e-3});
+  throw Error("unknown optimizer \"" + o.optimizer + "\"; expected sgd, adam or adamw");
+}
+
+std::string default_run_folder(const std::string& model) {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::ostringstream os;
+  os << "runs/" << model << "-" << std::put_time(&tm, "%Y%m%d-%H%M%S");
+  return os.str();
+}
+
+// Calls per device since the process started (the dispatcher's statistics).
+std::map<std::string, int64_t> calls_per_device() {
+  std::map<std::string, int64_t> out;
+  for (const DispatchStat& s : dispatch_stats()) out[s.device.str()] += s.calls;
+  return out;
+}
+std::string shares(const std::map<std::string, int64_t>& before,
+                   const std::map<std::string, int64_t>& after) {
+  int64_t total = 0;
+  std::map<std::string, int64_t> d;
+  for (auto& [dev, n] : after) {
+    auto it = before.find(dev);
+    d[dev] = n - (it == before.end() ? 0 : it->second);
+    total += d[dev];
+  }
+  std::ostringstream os;
+  for (auto& [dev, n] : d)
+    if (n > 0)
+      os << (os.tellp() ? " " : "") << dev << " " << std::fixed << std::setprecision(1)
+         << 100.0 * double(n) / double(std::max<int64_t>(total, 1)) << "%";
+  return os.str();
+}
+
+// One line of progress: redrawn in place on a terminal, printed every tenth of an epoch else.
+class Progress {
+ public:
+  Progress(int64_t epochs, int64_t steps) : epochs_(epochs), steps_(steps), tty_(isatty(1)) {}
+  void update(int64_t epoch, int64_t step, double loss, double samples_per_s, double eta_s) {
+    bool tenth = steps_ >= 10 && (step + 1) % (steps_ / 10) == 0;
+    if (!tty_ && !tenth && step + 1 != steps_) return;
+    std::ostringstream os;
+    int filled = int(30 * (step + 1) / steps_);
+    os << "epoch " << epoch + 1 << "/" << epochs_ << " [" << std::string(size_t(filled), '#')
+       << std::string(size_t(30 - filled), '.') << "] step " << step + 1 << "/" << steps_
+       << " loss " << std::fixed << std::setprecision(4) << loss << " " << std::setprecision(0)
+       << samples_per_s << " samples/s ETA " << std::setprecision(0) << eta_s << " s";
+    if (tty_)
+      std::cout << "\r" << os.str() << "\033[K" << std::flush;
+    else
+      std::cout << os.str() << "\n";
+  }
+  void end_epoch() {
+    if (tty_) std::cout << "\n";
+  }
+
+ private:
+  int64_t epochs_, steps_;
+  bool tty_;
+};
+
+// Accuracy of `net` on `d`, and the confusion matrix (rows: true class, columns: predicted).
+double accuracy(nn::Module& net, const data::Dataset& d, int64_t batch,
+                std::vector<std::vector<int64_t>>* confusion = nullptr) {
+  autograd::NoGradGuard no_grad;
+  bool was = net.is_training();
+  net.eval();
+  int64_t right = 0;
+  if (confusion) confusion->assign(10, std::vector<int64_t>(10, 0));
+  for (int64_t at = 0; at < d.size(); at += batch) {
+    int64_t n = std::min(batch, d.size() - at);
+    auto pred = argmax(net(d.images.slice(0, at, at + n)), 1).to_vector<int64_t>();
+    auto truth = d.labels.slice(0, at, at + n).to_vector<int64_t>();
+    for (int64_t i = 0; i < n; i++) {
+      right += pred[size_t(i)] == truth[size_t(i)];
+      if (confusion) (*confusion)[size_t(truth[size_t(i)])][size_t(pred[size_t(i)])]++;
+    }
+  }
+  net.train(was);
+  return double(right) / double(std::max<int64_t>(d.size(), 1));
+}
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  OPFORGE_CHECK(o.epochs > 0 && o.batch_size > 0) << "--epochs and --batch-size must be positive";
+  OPFORGE_CHECK(o.device == "auto" || device_exists(parse_device(o.device)))
+      << "--device " << o.device << ": no such device here (opforge info lists them)";
+  Generator g(o.seed);
+  std::shared_ptr<nn::Module> net = make_model(o.model, g);
+  data::FashionMnist fm =
+      data::load_fashion_mnist(o.data.empty() ? data::kFashionMnistDir : o.data);
+  data::Dataset train = data::head(fm.train, o.limit);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
+  nn::CrossEntropyLoss criterion(o.label_smoothing);
+  std::unique_ptr<DefaultDevice> scope;
+  if (o.device != "auto") scope = std::make_unique<DefaultDevice>(o.device);
+
+  const fs::path dir = o.out.empty() ? default_run_folder(o.model) : o.out;
+  fs::create_directories(dir);
+  std::cout << "opforge train: " << o.model << ", " << train.size() << " training and "
+            << fm.test.size() << " test images, batch " << o.batch_size << ", " << o.optimizer
+            << " lr " << opt->lr() << ", " << o.epochs << " epoch(s); run folder " << dir.string()
+            << "\n";
+  std::ofstream csv(dir / "metrics.csv");
+  csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares\n";
+  std::vector<double> losses, accuracies;
+
+  data::DataLoader loader(train, o.batch_size, true, o.seed);
+  Progress progress(o.epochs, loader.batches_per_epoch());
+  for (int64_t epoch = 0; epoch < o.epochs; epoch++) {
+    auto calls_before = calls_per_device();
+    auto start = std::chrono::steady_clock::now();
+    loader.start_epoch(epoch);
+    double loss_sum = 0;
+    int64_t seen = 0;
+    while (std::optional<data::Batch> b = loader.next()) {
+      opt->zero_grad();
+      Tensor loss = criterion((*net)(b->images), b->labels);
+      loss.backward();
+      opt->step();
+      double l = loss.item();
+      loss_sum += l * double(b->labels.size(0));
+      seen += b->labels.size(0);
+      double elapsed = Seconds(std::chrono::steady_clock::now() - start).count();
+      double rate = double(seen) / std::max(elapsed, 1e-9);
+      progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9));
+    }
+    progress.end_epoch();
+    double seconds = Seconds(std::chrono::steady_clock::now() - start).count();
+    double acc = accuracy(*net, fm.test, 1000);
+    std::string share = shares(calls_before, calls_per_device());
+    losses.push_back(loss_sum / double(seen));
+    accuracies.push_back(acc);
+    std::cout << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
+              << losses.back() << ", test accuracy " << std::setprecision(2) << 100 * acc << "%, "
+              << std::setprecision(1) << seconds << " s (" << std::setprecision(0)
+              << double(seen) / seconds << " samples/s); kernels: " << share << "\n";
+    // Each epoch's results are on disk before the next starts: a failed run keeps them.
+    csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
+        << double(seen) / seconds << "," << share << "\n"
+        << std::flush;
+    save_safetensors((dir / "weights.safetensors").string(), net->state_dict(),
+                     {{"model", o.model}, {"epochs", std::to_string(epoch + 1)}});
+    draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
+  }
+  std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
+  return 0;
+}
+
+int run_eval(const EvalOptions& o) {
+  SafetensorsFile f = load_safetensors(o.weights);
+  auto model = f.metadata.find("model");
+  OPFORGE_CHECK(model != f.metadata.end())
+      << o.weights << ": no \"model\" in its metadata (was it written by opforge train?)";
+  Generator g(0);
+  std::shared_ptr<nn::Module> net = make_model(model->second, g);
+  net->load_state_dict(f.tensors);
+  data::FashionMnist fm =
+      data::load_fashion_mnist(o.data.empty() ? data::kFashionMnistDir : o.data);
+  std::vector<std::vector<int64_t>> confusion;
+  double acc = accuracy(*net, fm.test, o.batch_size, &confusion);
+  std::cout << "test accuracy " << std::fixed << std::setprecision(2) << 100 * acc << "% on "
+            << fm.test.size()
+            << " images\nconfusion matrix (rows: true class, columns: "
+               "predicted)\n      ";
+  for (int c = 0; c < 10; c++) std::cout << std::setw(6) << c;
+  std::cout << "\n";
+  for (int r = 0; r < 10; r++) {
+    std::cout << std::setw(6) << r;
+    for (int c = 0; c < 10; c++) std::cout << std::setw(6) << confusion[size_t(r)][size_t(c)];
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace opforge::cli
