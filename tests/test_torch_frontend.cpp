@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "opforge/autograd.hpp"
 #include "opforge/safetensors.hpp"
 #include "opforge/torch.hpp"
 
@@ -192,6 +193,93 @@ TEST(TorchOptim, AdamAndAdamWStepAsTheirRules) {
       auto got = p.to_double_vector();
       for (int i = 0; i < 3; i++) EXPECT_NEAR(got[i], pv[i], 1e-12) << "step " << t;
     }
+  }
+}
+
+TEST(TorchNn, BatchNorm2dNormalisesPerChannelAndTracksRunningStatistics) {
+  Generator g(11);
+  const int N = 4, C = 3, HW = 4;
+  nn::BatchNorm2d bn(C, 1e-5, 0.1, true, DType::Float64);
+  {
+    autograd::NoGradGuard no_grad;
+    bn.weight.copy_(Tensor::randn({C}, DType::Float64, g));
+    bn.bias.copy_(Tensor::randn({C}, DType::Float64, g));
+  }
+  Tensor x = Tensor::randn({N, C, 2, 2}, DType::Float64, g).requires_grad_();
+  Tensor y = bn(x);
+  auto xv = x.to_double_vector(), yv = y.to_double_vector(), w = bn.weight.to_double_vector(),
+       b = bn.bias.to_double_vector(), rm = bn.running_mean.to_double_vector(),
+       rv = bn.running_var.to_double_vector();
+  for (int c = 0; c < C; c++) {
+    double m = 0, v = 0;
+    for (int n = 0; n < N; n++)
+      for (int k = 0; k < HW; k++) m += xv[size_t((n * C + c) * HW + k)] / (N * HW);
+    for (int n = 0; n < N; n++)
+      for (int k = 0; k < HW; k++) v += std::pow(xv[size_t((n * C + c) * HW + k)] - m, 2);
+    for (int n = 0; n < N; n++)
+      for (int k = 0; k < HW; k++) {
+        size_t at = size_t((n * C + c) * HW + k);
+        EXPECT_NEAR(yv[at], (xv[at] - m) / std::sqrt(v / (N * HW) + 1e-5) * w[c] + b[c], 1e-12);
+      }
+    EXPECT_NEAR(rm[c], 0.1 * m, 1e-14);
+    EXPECT_NEAR(rv[c], 0.9 + 0.1 * v / (N * HW - 1), 1e-14);
+  }
+  EXPECT_EQ(bn.num_batches_tracked.item(), 1);
+  // the gradient through the batch statistics, against central differences
+  Tensor r = Tensor::randn({N, C, 2, 2}, DType::Float64, g);
+  sum(mul(y, r)).backward();
+  auto gx = x.grad().to_double_vector();
+  autograd::NoGradGuard no_grad;
+  for (size_t j : {size_t(0), size_t(7), size_t(29)}) {
+    auto f = [&](double d) {
+      auto v = xv;
+      v[j] += d;
+      Tensor xp = Tensor::from_vector(v, x.shape());
+      return sum(mul(F::batch_norm(xp, {}, {}, bn.weight, bn.bias, true), r)).item();
+    };
+    EXPECT_NEAR(gx[j], (f(1e-6) - f(-1e-6)) / 2e-6, 1e-6) << j;
+  }
+  // evaluation uses the running statistics
+  bn.eval();
+  auto e = bn(x.detach()).to_double_vector();
+  EXPECT_NEAR(e[0], (xv[0] - rm[0]) / std::sqrt(rv[0] + 1e-5) * w[0] + b[0], 1e-12);
+  EXPECT_THROW(bn(Tensor::zeros({2, 4, 2, 2}, DType::Float64)), Error);
+}
+
+TEST(TorchOptim, StateRoundTripsThroughSafetensorsAndResumesExactly) {
+  auto grad_step = [](optim::Optimizer& opt, Tensor& p) {
+    opt.zero_grad();
+    sum(mul(mul(p, p), p)).backward();
+    opt.step();
+  };
+  for (int kind = 0; kind < 2; kind++) {
+    SCOPED_TRACE(kind);
+    auto make = [&](Tensor p) -> std::unique_ptr<optim::Optimizer> {
+      if (kind == 0)
+        return std::make_unique<optim::SGD>(std::vector<Tensor>{p},
+                                            optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      return std::make_unique<optim::Adam>(std::vector<Tensor>{p}, optim::AdamOptions{.lr = 0.1});
+    };
+    Tensor a = Tensor::from_vector<double>({0.5, -0.3, 0.8}, {3}).requires_grad_();
+    auto opt_a = make(a);
+    grad_step(*opt_a, a);
+    grad_step(*opt_a, a);
+    std::string path = testing::TempDir() + "opforge_optim.safetensors";
+    save_safetensors(path, opt_a->state_dict());
+    Tensor b = a.detach().clone().requires_grad_();
+    auto opt_b = make(b);
+    opt_b->load_state_dict(load_safetensors(path).tensors);
+    EXPECT_EQ(opt_b->state_dict().at("step").item(), 2);
+    grad_step(*opt_a, a);
+    grad_step(*opt_b, b);
+    auto av = a.to_double_vector(), bv = b.to_double_vector();
+    for (size_t i = 0; i < av.size(); i++) EXPECT_NEAR(av[i], bv[i], 1e-15);
+    auto bad = opt_a->state_dict();
+    bad["5.exp_avg"] = Tensor::zeros({3}, DType::Float64);
+    EXPECT_THROW(opt_b->load_state_dict(bad), Error);
+    bad = opt_a->state_dict();
+    bad.begin()->second = Tensor::zeros({4}, DType::Float64);  // "0.<buffer>": the wrong shape
+    EXPECT_THROW(opt_b->load_state_dict(bad), Error);
   }
 }
 

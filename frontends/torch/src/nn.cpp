@@ -150,6 +150,30 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
   }
 }
 
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool affine,
+                         DType dtype)
+    : eps_(eps), momentum_(momentum) {
+  OPFORGE_CHECK(num_features > 0) << "BatchNorm2d: num_features must be positive, got "
+                                  << num_features;
+  if (affine) {
+    weight = register_parameter("weight", Tensor::ones({num_features}, dtype));
+    bias = register_parameter("bias", Tensor::zeros({num_features}, dtype));
+  }
+  running_mean = register_buffer("running_mean", Tensor::zeros({num_features}, dtype));
+  running_var = register_buffer("running_var", Tensor::ones({num_features}, dtype));
+  num_batches_tracked = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::Int64));
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  OPFORGE_CHECK(x.defined() && x.dim() == 4) << "BatchNorm2d: expected an (N, C, H, W) input, got "
+                                             << (x.defined() ? shape_str(x.shape()) : "undefined");
+  if (is_training()) {
+    autograd::NoGradGuard no_grad;
+    num_batches_tracked.add_(1.0);
+  }
+  return F::batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum_, eps_);
+}
+
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> layers) {
   for (const auto& l : layers) push_back(l);
 }

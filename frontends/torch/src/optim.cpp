@@ -2,6 +2,7 @@
 // implementations are.
 #include "opforge/torch/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -23,6 +24,64 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
+Tensor& Optimizer::buffer(const std::string& name, size_t i) {
+  std::vector<Tensor>& all = buffers_[name];
+  all.resize(params_.size());
+  if (!all[i].defined()) all[i] = Tensor::zeros(params_[i].shape(), params_[i].dtype());
+  return all[i];
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> out{{"lr", Tensor::scalar(lr_, DType::Float64)},
+                                    {"step", Tensor::scalar(double(step_), DType::Int64)}};
+  for (const auto& [name, all] : buffers_)
+    for (size_t i = 0; i < all.size(); i++)
+      if (all[i].defined()) out.emplace(std::to_string(i) + "." + name, all[i]);
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  auto parse = [&](const std::string& key, size_t& index, std::string& name) {
+    size_t dot = key.find('.');
+    OPFORGE_CHECK(dot != std::string::npos && dot > 0 && key.find_first_not_of("0123456789") == dot)
+        << "optimizer state: unexpected entry \"" << key << "\"";
+    index = std::stoul(key.substr(0, dot));
+    name = key.substr(dot + 1);
+    OPFORGE_CHECK(index < params_.size())
+        << "optimizer state: entry \"" << key << "\" for parameter " << index << ", but there are "
+        << params_.size();
+    OPFORGE_CHECK(std::find(buffer_names_.begin(), buffer_names_.end(), name) !=
+                  buffer_names_.end())
+        << "optimizer state: entry \"" << key << "\": this optimiser keeps no " << name;
+  };
+  for (const auto& [key, t] : state) {
+    OPFORGE_CHECK(t.defined()) << "optimizer state: entry \"" << key << "\" is undefined";
+    if (key == "lr" || key == "step") {
+      OPFORGE_CHECK(t.numel() == 1) << "optimizer state: \"" << key << "\" must be one value";
+      continue;
+    }
+    size_t i;
+    std::string name;
+    parse(key, i, name);
+    OPFORGE_CHECK(t.shape() == params_[i].shape())
+        << "optimizer state: entry \"" << key << "\" has shape " << shape_str(t.shape())
+        << ", parameter " << i << " has " << shape_str(params_[i].shape());
+  }
+  autograd::NoGradGuard no_grad;
+  for (const auto& [key, t] : state) {
+    if (key == "lr") {
+      set_lr(t.item());
+    } else if (key == "step") {
+      step_ = int64_t(t.item());
+    } else {
+      size_t i;
+      std::string name;
+      parse(key, i, name);
+      buffer(name, i).copy_(t);
+    }
+  }
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
     if (set_to_none)
@@ -33,7 +92,8 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
-    : Optimizer(std::move(params), o.lr), o_(o), momentum_(params_.size()) {
+    : Optimizer(std::move(params), o.lr), o_(o) {
+  buffer_names_ = {"momentum_buffer"};
   OPFORGE_CHECK(o.momentum >= 0 && o.weight_decay >= 0)
       << "SGD: momentum " << o.momentum << " and weight_decay " << o.weight_decay
       << " must be >= 0";
@@ -43,15 +103,19 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  step_++;
   for (size_t i = 0; i < params_.size(); i++) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
     if (o_.weight_decay != 0) g = add(g, mul(p, o_.weight_decay));
     if (o_.momentum != 0) {
-      Tensor& buf = momentum_[i];
-      if (!buf.defined())
-        buf = g.clone();
+      // The first step's buffer is the gradient itself (torch.optim.SGD), then it decays.
+      const bool first =
+          buffers_["momentum_buffer"].size() <= i || !buffers_["momentum_buffer"][i].defined();
+      Tensor& buf = buffer("momentum_buffer", i);
+      if (first)
+        buf.copy_(g);
       else
         buf.mul_(o_.momentum).add_(g, 1 - o_.dampening);
       g = o_.nesterov ? add(g, mul(buf, o_.momentum)) : buf;
@@ -61,11 +125,8 @@ void SGD::step() {
 }
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
-    : Optimizer(std::move(params), o.lr),
-      o_(o),
-      decoupled_(decoupled),
-      m_(params_.size()),
-      v_(params_.size()) {
+    : Optimizer(std::move(params), o.lr), o_(o), decoupled_(decoupled) {
+  buffer_names_ = {"exp_avg", "exp_avg_sq"};
   OPFORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)
       << "Adam: betas (" << o.beta1 << ", " << o.beta2 << ") must be in [0, 1)";
   OPFORGE_CHECK(o.eps >= 0 && o.weight_decay >= 0) << "Adam: eps and weight_decay must be >= 0";
@@ -73,8 +134,9 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
 
 void Adam::step() {
   autograd::NoGradGuard no_grad;
-  t_++;
-  const double bc1 = 1 - std::pow(o_.beta1, double(t_)), bc2 = 1 - std::pow(o_.beta2, double(t_));
+  step_++;
+  const double bc1 = 1 - std::pow(o_.beta1, double(step_)),
+               bc2 = 1 - std::pow(o_.beta2, double(step_));
   for (size_t i = 0; i < params_.size(); i++) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -85,14 +147,12 @@ void Adam::step() {
       else
         g = add(g, mul(p, o_.weight_decay));
     }
-    if (!m_[i].defined()) {
-      m_[i] = Tensor::zeros(p.shape(), p.dtype());
-      v_[i] = Tensor::zeros(p.shape(), p.dtype());
-    }
-    m_[i].mul_(o_.beta1).add_(g, 1 - o_.beta1);
-    v_[i].mul_(o_.beta2).add_(mul(g, g), 1 - o_.beta2);
-    Tensor denom = add(div(sqrt(v_[i]), std::sqrt(bc2)), o_.eps);
-    p.add_(div(m_[i], denom), -lr_ / bc1);
+    Tensor& m = buffer("exp_avg", i);
+    Tensor& v = buffer("exp_avg_sq", i);
+    m.mul_(o_.beta1).add_(g, 1 - o_.beta1);
+    v.mul_(o_.beta2).add_(mul(g, g), 1 - o_.beta2);
+    Tensor denom = add(div(sqrt(v), std::sqrt(bc2)), o_.eps);
+    p.add_(div(m, denom), -lr_ / bc1);
   }
 }
 

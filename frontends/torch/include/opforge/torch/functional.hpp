@@ -38,6 +38,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
+// Batch normalisation over dim 1 of an (N, C, ...) input (torch.nn.functional.batch_norm). In
+// training the batch's mean and biased variance normalise it, and running_mean/running_var (when
+// defined) move towards the batch's mean and unbiased variance by `momentum`, in place; otherwise
+// the running statistics normalise it. weight and bias (C) are optional.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+
 }  // namespace opforge::torch::functional
 
 namespace opforge::torch {

@@ -132,6 +132,21 @@ class Pool2d : public Module {
 using MaxPool2d = Pool2d<&max_pool2d>;
 using AvgPool2d = Pool2d<&avg_pool2d>;
 
+// Batch normalisation of (N, C, H, W) inputs over N, H and W per channel (F::batch_norm), with the
+// buffers running_mean (0), running_var (1) and num_batches_tracked, as PyTorch's; weight 1 and
+// bias 0 to start with (affine).
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                       bool affine = true, DType dtype = DType::Float32);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "BatchNorm2d"; }
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  double eps_, momentum_;
+};
+
 // Normalises over the trailing dims; weight 1 and bias 0 to start with (elementwise_affine).
 class LayerNorm : public Module {
  public:

@@ -3,6 +3,8 @@
 // parameter and its state in place; the updates are compositions of elementwise kernels (axpy_
 // for the parameter), not yet one fused kernel per parameter.
 #pragma once
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,10 +22,21 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr);
   const std::vector<Tensor>& params() const { return params_; }
+  // The optimiser's state as named tensors, ready for save_safetensors: "lr", "step" (updates so
+  // far) and each parameter's buffers as "<index>.<buffer>" ("0.momentum_buffer"; Adam's
+  // "0.exp_avg" and "0.exp_avg_sq"), those made so far. load_state_dict checks every entry (a
+  // name this optimiser does not have, a shape that is not its parameter's) before it sets any.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
 
  protected:
+  // Parameter i's buffer `name`, made as zeros of the parameter's shape on first use.
+  Tensor& buffer(const std::string& name, size_t i);
   std::vector<Tensor> params_;
   double lr_;
+  int64_t step_ = 0;
+  std::vector<std::string> buffer_names_;               // the kinds of buffer this one keeps
+  std::map<std::string, std::vector<Tensor>> buffers_;  // by kind, one per parameter
 };
 
 struct SGDOptions {
@@ -37,7 +50,6 @@ class SGD : public Optimizer {
 
  private:
   SGDOptions o_;
-  std::vector<Tensor> momentum_;  // per parameter, made at its first step
 };
 
 struct AdamOptions {
@@ -49,13 +61,11 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled = false);
   void step() override;
-  int64_t steps() const { return t_; }
+  int64_t steps() const { return step_; }
 
  private:
   AdamOptions o_;
   bool decoupled_;
-  int64_t t_ = 0;
-  std::vector<Tensor> m_, v_;
 };
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
