@@ -326,6 +326,75 @@ TEST(Autograd, InPlaceOpsTakeHistoryAndVersionCountersCatchStaleSaves) {
   EXPECT_THROW(big.slice(0, 0, 3).copy_(x), Error);
 }
 
+TEST(Autograd, AViewOfATensorWrittenInPlaceSinceIsRefused) {
+  Tensor a = leaf({4}, 60);
+  Tensor z = mul(a, 2.0);
+  Tensor v = z.view({2, 2});
+  z.mul_(3.0);  // z has a new history; v still leads to the old one
+  EXPECT_THROW(sum(v).backward(), Error);
+  Tensor v2 = z.view({2, 2});  // made after the write: fine, and through both writes
+  sum(v2).backward();
+  EXPECT_EQ(a.grad().to_double_vector(), (std::vector<double>{6, 6, 6, 6}));
+}
+
+TEST(Autograd, RetainedGradientsFollowInPlaceWritesAndOwnTheirMemory) {
+  Tensor x = leaf({3}, 61);
+  Tensor y = mul(x, 1.0);
+  y.retain_grad();
+  y.mul_(3.0);
+  sum(y).backward();
+  EXPECT_EQ(y.grad().to_double_vector(), (std::vector<double>{1, 1, 1}));
+  y.grad().zero_();  // not an expanded view of sum's gradient
+  EXPECT_EQ(y.grad().to_double_vector(), (std::vector<double>{0, 0, 0}));
+  // the caller's root gradient is not kept as grad(), nor its history
+  Tensor r = leaf({3}, 62);
+  Tensor w = mul(x, 2.0);
+  w.retain_grad();
+  w.backward(r);
+  EXPECT_FALSE(w.grad().requires_grad());
+  EXPECT_NE(w.grad().storage(), r.storage());
+}
+
+TEST(Autograd, ToTheSameDeviceKeepsALeaf) {
+  Tensor w = leaf({2}, 63);
+  Tensor same = w.to(Device{});
+  EXPECT_TRUE(same.is_leaf());
+  sum(mul(same, 2.0)).backward();
+  EXPECT_EQ(w.grad().to_double_vector(), (std::vector<double>{2, 2}));
+}
+
+TEST(Autograd, OverwritingANonLeafWithAConstantKeepsItInTheGraph) {
+  Tensor x = leaf({3}, 64);
+  Tensor y = mul(x, 2.0);
+  y.zero_();
+  EXPECT_TRUE(y.requires_grad());
+  sum(add(y, x)).backward();  // only the direct path counts
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{1, 1, 1}));
+}
+
+TEST(Autograd, ReductionsOfAZeroDimInput) {
+  Tensor x = Tensor::scalar(3, DType::Float64).requires_grad_();
+  mean(x, {0}).backward();
+  EXPECT_EQ(x.grad().item(), 1);
+  x.set_grad({});
+  var(x, {0}, false, 0).backward();
+  EXPECT_EQ(x.grad().item(), 0);
+}
+
+TEST(Autograd, GradRunsOnlyWhatItsInputsNeed) {
+  // the other branch's saved tensor is stale: backward() fails through it, grad() of x does not
+  // go there
+  Tensor x = leaf({3}, 65), u = leaf({3}, 66);
+  Tensor t = mul(u, 2.0);
+  Tensor side = mul(t, t);
+  t.add_(1.0);
+  Tensor out = add(sum(mul(x, x)), sum(side));
+  EXPECT_THROW(out.backward({}, true), Error);
+  auto g = autograd::grad({out}, {x});
+  auto xv = x.to_double_vector(), gx = g[0].to_double_vector();
+  for (size_t i = 0; i < 3; i++) EXPECT_DOUBLE_EQ(gx[i], 2 * xv[i]);
+}
+
 TEST(Autograd, OpsWithoutAGradientSayWhenAnInputNeedsOne) {
   Tensor x = randn64({1, 1, 4, 4}, 57).requires_grad_();
   Tensor w = randn64({1, 1, 3, 3}, 58);

@@ -148,8 +148,14 @@ void DataLoader::start_epoch(int64_t epoch) {
   auto order = std::make_shared<std::vector<int64_t>>(size_t(d_.size()));
   std::iota(order->begin(), order->end(), 0);
   if (shuffle_) {
+    // Fisher-Yates on mt19937_64's output, each index by a 64x64-bit multiply-shift (bias below
+    // n / 2^64), not std::shuffle, whose draws differ between standard libraries: the order is
+    // the same everywhere.
     std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + uint64_t(epoch));
-    std::shuffle(order->begin(), order->end(), rng);
+    for (size_t i = order->size(); i > 1; i--) {
+      size_t j = size_t((static_cast<unsigned __int128>(rng()) * i) >> 64);
+      std::swap((*order)[i - 1], (*order)[j]);
+    }
   }
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -83,10 +83,16 @@ Tensor one_hot(const Tensor& target, int64_t num_classes, DType dtype) {
   return cast(eq(target.to(DType::Int64).unsqueeze(-1), classes), dtype);
 }
 
+// Each sample's score at its class, chosen (not multiplied by a one-hot: a -inf score elsewhere
+// would make 0 * -inf a NaN).
+Tensor at_class(const Tensor& scores, const Tensor& target) {
+  Tensor mask = cast(one_hot(target, scores.size(1), DType::Int64), DType::Bool);
+  return sum(where(mask, scores, Tensor::scalar(0, scores.dtype())), {1});
+}
+
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction) {
   check_classes("nll_loss", log_probs, target);
-  Tensor picked = sum(mul(one_hot(target, log_probs.size(1), log_probs.dtype()), log_probs), {1});
-  return reduce(neg(picked), reduction);
+  return reduce(neg(at_class(log_probs, target)), reduction);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
@@ -95,9 +101,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   OPFORGE_CHECK(label_smoothing >= 0 && label_smoothing <= 1)
       << "cross_entropy: label_smoothing " << label_smoothing << " is not in [0, 1]";
   const int64_t C = logits.size(1);
-  Tensor q = one_hot(target, C, logits.dtype());
-  if (label_smoothing > 0) q = add(mul(q, 1 - label_smoothing), label_smoothing / double(C));
-  return reduce(neg(sum(mul(q, opforge::log_softmax(logits, 1)), {1})), reduction);
+  Tensor logp = opforge::log_softmax(logits, 1);
+  // The target distribution is (1 - e) on the class plus e / C on every class.
+  Tensor loss = neg(at_class(logp, target));
+  if (label_smoothing > 0)
+    loss = sub(mul(loss, 1 - label_smoothing), mul(sum(logp, {1}), label_smoothing / double(C)));
+  return reduce(loss, reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
@@ -115,6 +124,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   OPFORGE_CHECK(x.defined() && x.dim() >= 2) << "batch_norm: expected an (N, C, ...) input, got "
                                              << (x.defined() ? shape_str(x.shape()) : "undefined");
   const int64_t C = x.size(1);
+  OPFORGE_CHECK(running_mean.defined() == running_var.defined())
+      << "batch_norm: running_mean and running_var come together (both or neither)";
   for (const Tensor* t : {&running_mean, &running_var, &weight, &bias})
     OPFORGE_CHECK(!t->defined() || t->shape() == Shape{C})
         << "batch_norm: a statistic or affine parameter of shape " << shape_str(t->shape())

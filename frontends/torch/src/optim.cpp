@@ -58,6 +58,9 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
     OPFORGE_CHECK(t.defined()) << "optimizer state: entry \"" << key << "\" is undefined";
     if (key == "lr" || key == "step") {
       OPFORGE_CHECK(t.numel() == 1) << "optimizer state: \"" << key << "\" must be one value";
+      const double v = t.item();
+      OPFORGE_CHECK(std::isfinite(v) && v >= 0)
+          << "optimizer state: \"" << key << "\" is " << v << ", expected a finite value >= 0";
       continue;
     }
     size_t i;

@@ -39,16 +39,49 @@ struct Pass {
   std::map<std::pair<Node*, int>, std::vector<size_t>> captures;
   std::vector<Tensor> captured;
   bool accumulate_leaves = true;
+  // autograd::grad(): only the nodes on a path to a capture run (the others' results are not
+  // asked for); empty: every node runs.
+  std::unordered_set<Node*> on_path;
+  bool runs(Node* n) const { return captures.empty() || on_path.count(n); }
 };
+
+// For autograd::grad(): the nodes from which a capture can be reached.
+void mark_paths(Pass& pass, const std::vector<Node*>& roots) {
+  std::unordered_map<Node*, bool> reaches;
+  // Iterative post-order: a node reaches a capture if it is one or a child reaches one.
+  for (Node* root : roots) {
+    std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
+    while (!stack.empty()) {
+      auto& [n, next] = stack.back();
+      if (next == 0 && reaches.count(n)) {
+        stack.pop_back();
+        continue;
+      }
+      if (next < n->next_edges.size()) {
+        const Edge& e = n->next_edges[next++];
+        if (e.valid() && !reaches.count(e.fn.get())) stack.push_back({e.fn.get(), 0});
+        continue;
+      }
+      bool r = false;
+      for (size_t k = 0; k < n->outputs.size() && !r; k++) r = pass.captures.count({n, int(k)});
+      for (const Edge& e : n->next_edges) r = r || (e.valid() && reaches[e.fn.get()]);
+      reaches[n] = r;
+      if (r) pass.on_path.insert(n);
+      stack.pop_back();
+    }
+  }
+}
 
 void count_dependencies(Pass& pass, const std::vector<Node*>& roots) {
   std::unordered_set<Node*> seen(roots.begin(), roots.end());
-  std::vector<Node*> stack(roots.begin(), roots.end());
+  std::vector<Node*> stack;
+  for (Node* r : roots)
+    if (pass.runs(r)) stack.push_back(r);
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next_edges) {
-      if (!e.valid()) continue;
+      if (!e.valid() || !pass.runs(e.fn.get())) continue;
       pass.dependencies[e.fn.get()]++;
       if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
     }
@@ -62,6 +95,7 @@ void run(Pass& pass, const std::vector<Edge>& roots, std::vector<Tensor> root_gr
   NoGradGuard no_grad;  // a backward pass records nothing (no higher-order gradients yet)
   std::vector<Node*> root_nodes;
   for (const Edge& e : roots) root_nodes.push_back(e.fn.get());
+  if (!pass.captures.empty()) mark_paths(pass, root_nodes);
   count_dependencies(pass, root_nodes);
   auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
     return a->sequence < b->sequence;
@@ -76,6 +110,7 @@ void run(Pass& pass, const std::vector<Edge>& roots, std::vector<Tensor> root_gr
     return b;
   };
   for (size_t i = 0; i < roots.size(); i++) {
+    if (!pass.runs(roots[i].fn.get())) continue;
     accumulate(buffer_of(roots[i].fn.get()).at(size_t(roots[i].input_nr)),
                std::move(root_grads[i]));
     if (pass.dependencies[roots[i].fn.get()] == 0 && queued.insert(roots[i].fn.get()).second)
@@ -87,8 +122,10 @@ void run(Pass& pass, const std::vector<Edge>& roots, std::vector<Tensor> root_gr
     std::vector<Tensor> grads = std::move(buffer_of(node.get()));
     pass.buffers.erase(node.get());
     for (auto& [k, weak] : node->retained)
-      if (std::shared_ptr<Meta> m = weak.lock(); m && grads.at(size_t(k)).defined())
-        accumulate(m->grad, grads[size_t(k)]);
+      if (std::shared_ptr<Meta> m = weak.lock(); m && grads.at(size_t(k)).defined()) {
+        std::lock_guard<std::mutex> lk(m->mu);
+        accumulate_into(m->grad, grads[size_t(k)]);
+      }
     for (size_t k = 0; k < grads.size(); k++) {
       auto c = pass.captures.find({node.get(), int(k)});
       if (c != pass.captures.end() && grads[k].defined())
@@ -104,7 +141,7 @@ void run(Pass& pass, const std::vector<Edge>& roots, std::vector<Tensor> root_gr
         << node->next_edges.size() << " inputs";
     for (size_t i = 0; i < out.size(); i++) {
       const Edge& e = node->next_edges[i];
-      if (!e.valid()) continue;
+      if (!e.valid() || !pass.runs(e.fn.get())) continue;
       if (out[i].defined())
         accumulate(buffer_of(e.fn.get()).at(size_t(e.input_nr)),
                    fit(std::move(out[i]), node->inputs[i], node->name(), i));
@@ -140,6 +177,7 @@ void roots_of(const char* what, const std::vector<Tensor>& tensors,
     OPFORGE_CHECK(is_floating(g.dtype()))
         << what << ": gradients are floating, got " << describe(g.shape(), g.dtype());
     edges.push_back(e);
+    g = g.detach();  // the caller's tensor, without its own history
     root_grads.push_back(g.dtype() == t.dtype() ? g : cast(g, t.dtype()));
   }
 }

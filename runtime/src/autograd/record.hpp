@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <initializer_list>
+#include <mutex>
 #include <span>
 
 #include "opforge/autograd.hpp"
@@ -20,6 +21,14 @@ struct Meta {
   std::shared_ptr<Node> grad_fn;    // null for a leaf
   int output_nr = 0;                // which result of grad_fn this tensor is
   std::weak_ptr<Node> accumulator;  // a leaf's AccumulateGrad, while a graph holds it
+  // Bumped when an in-place write gives the tensor a new history (take_history): a view made
+  // before that leads to the old history, so using it is an Error.
+  uint64_t history = 0;
+  std::shared_ptr<Meta> base;  // a view's: the tensor it views, and that one's history then
+  uint64_t base_history = 0;
+  // Guards accumulator and grad: threads that share parameters build graphs and run backward
+  // passes at once.
+  std::mutex mu;
 };
 
 // A leaf's node: adds the gradient that reaches it into the leaf's grad().
@@ -36,6 +45,11 @@ class AccumulateGrad : public Node {
 // t's Meta, made (empty) if it has none: a handle whose copies must all see the history an
 // in-place write gives it gets one before it is copied.
 std::shared_ptr<Meta> meta_of(const Tensor& t);
+
+// Adds g into a gradient slot (grad() of a leaf or of a tensor that retains it): the first one is
+// kept if nothing else holds it and it owns its elements, else copied; later ones are added in
+// place.
+void accumulate_into(Tensor& slot, Tensor g);
 
 // Where a gradient of `t` goes: its grad_fn's result, or its accumulator if it is a leaf that
 // requires a gradient (made on first use); invalid if it needs none.

@@ -1,6 +1,7 @@
 // The recording side of autograd: a tensor's Meta and its Tensor methods (requires_grad_, grad,
 // detach, ...), saved tensors and their version check, the node that a formula becomes, and the
 // rules for in-place writes under autograd.
+#include <algorithm>
 #include <atomic>
 
 #include "autograd/record.hpp"
@@ -43,25 +44,34 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<Meta> leaf, const Tensor& like)
   sequence = UINT64_MAX;  // no node depends on it: when it runs does not matter
 }
 
-std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
-  Tensor g = std::move(grads.at(0));
-  if (!leaf_->grad.defined()) {
+void accumulate_into(Tensor& slot, Tensor g) {
+  if (!slot.defined()) {
     // Kept as it is only if nothing else holds it and it owns its elements (an expanded view, as
     // sum's gradient is, would make grad() unwritable).
     bool owned = g.is_contiguous() && g.storage().use_count() == 1 && g.offset() == 0 &&
                  g.storage()->bytes == size_t(g.numel()) * g.element_size();
-    leaf_->grad = owned ? g : g.clone();
+    slot = owned ? g.detach() : g.detach().clone();
   } else {
-    leaf_->grad.add_(g);  // in place, as PyTorch: an optimiser may hold the gradient's handle
+    slot.add_(g);  // in place, as PyTorch: an optimiser may hold the gradient's handle
   }
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  std::lock_guard<std::mutex> lk(leaf_->mu);
+  accumulate_into(leaf_->grad, std::move(grads.at(0)));
   return {};
 }
 
 Edge gradient_edge(const Tensor& t) {
   const auto& m = t.autograd_meta();
   if (!m) return {};
+  for (const Meta* v = m.get(); v->base; v = v->base.get())
+    OPFORGE_CHECK(v->base->history == v->base_history)
+        << "autograd: a view is used after the tensor it views was written in place (which gave "
+           "that tensor a new history); make the view again after the write";
   if (m->grad_fn) return {m->grad_fn, m->output_nr};
   if (!m->requires_grad) return {};
+  std::lock_guard<std::mutex> lk(m->mu);
   std::shared_ptr<Node> acc = m->accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(m, t);
@@ -111,6 +121,10 @@ void record(const std::string& name, std::span<const Tensor> inputs, std::span<T
     m->grad_fn = node;
     m->output_nr = int(k);
     m->is_view = view;
+    if (view && !inputs.empty() && inputs[0].autograd_meta()) {
+      m->base = inputs[0].autograd_meta();
+      m->base_history = m->base->history;
+    }
     out.set_autograd_meta(std::move(m));
   }
 }
@@ -145,19 +159,19 @@ void check_in_place(const std::string& op, const Tensor& self) {
 
 void take_history(const Tensor& self, const Tensor& result) {
   const auto& from = result.autograd_meta();
-  if (!from || !from->grad_fn) {
-    // The write's result needs no gradient (copy_ of a constant): neither does self now.
-    if (self.autograd_meta()) {
-      self.autograd_meta()->grad_fn = nullptr;
-      self.autograd_meta()->requires_grad = false;
-    }
-    return;
-  }
+  OPFORGE_CHECK(from && from->grad_fn) << "autograd: an in-place write without a recorded result";
   std::shared_ptr<Meta> m = meta_of(self);
+  if (m->retains_grad && m->grad_fn) {  // the retained gradient moves to the new history
+    auto& r = m->grad_fn->retained;
+    r.erase(std::remove_if(r.begin(), r.end(), [&](const auto& e) { return e.second.lock() == m; }),
+            r.end());
+    from->grad_fn->retained.push_back({from->output_nr, m});
+  }
   m->requires_grad = true;
   m->grad_fn = from->grad_fn;
   m->output_nr = from->output_nr;
   m->is_view = false;
+  m->history++;
 }
 
 }  // namespace autograd
@@ -196,6 +210,7 @@ void Tensor::set_grad(const Tensor& g) {
 void Tensor::retain_grad() const {
   OPFORGE_CHECK(requires_grad()) << "retain_grad: the tensor does not require a gradient";
   if (is_leaf()) return;  // leaves keep theirs anyway
+  std::lock_guard<std::mutex> lk(autograd_->mu);
   if (autograd_->retains_grad) return;
   autograd_->retains_grad = true;
   autograd_->grad_fn->retained.push_back({autograd_->output_nr, autograd_});

@@ -231,6 +231,9 @@ const void* Tensor::const_data() const {
 
 Tensor Tensor::to(const Device& d) const {
   OPFORGE_CHECK(storage_) << "to: tensor is undefined (default-constructed)";
+  OPFORGE_CHECK(device_exists(d)) << "to: no device " << d.str() << " on this machine";
+  Device here = device();
+  if (here == d || (d.kind == DeviceKind::cpu && here.kind == DeviceKind::cpu)) return *this;
   if (autograd::wants_grad({*this}))
     return autograd::differentiable(
         "to", {*this}, [&] { return to(d); },
@@ -239,9 +242,6 @@ Tensor Tensor::to(const Device& d) const {
             return std::vector<Tensor>{g[0].to(home)};
           };
         });
-  OPFORGE_CHECK(device_exists(d)) << "to: no device " << d.str() << " on this machine";
-  Device here = device();
-  if (here == d || (d.kind == DeviceKind::cpu && here.kind == DeviceKind::cpu)) return *this;
   size_t bytes = size_t(numel()) * element_size();
   if (d.kind == DeviceKind::cpu) {
     Tensor out = empty(shape_, dtype_);

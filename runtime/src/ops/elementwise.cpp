@@ -342,6 +342,9 @@ TensorList run_recorded(const OpInfo& op, std::span<const Tensor> inputs,
     for (Tensor& t : in)
       if (same_view(t, self)) t = old;
     TensorList r = run_recorded(op, in.span(), attrs, {});
+    OPFORGE_CHECK(can_cast(r[0].dtype(), self.dtype()))
+        << op.name << "_: the result type " << dtype_name(r[0].dtype())
+        << " cannot be written into a " << dtype_name(self.dtype()) << " tensor";
     {
       autograd::NoGradGuard no_grad;
       copy_into(self, r[0]);

@@ -10,19 +10,26 @@ using namespace detail;
 
 namespace {
 // copy_into under autograd: the destination is overwritten completely, so it takes a history of
-// its own (the source's gradient, summed back to the source's shape) and drops its old one.
+// its own: the source's gradient summed back to the source's shape, and a zero gradient for what
+// the destination held (PyTorch keeps a non-leaf that is overwritten with a constant in the graph).
 void copy_recorded(const Tensor& dst, const Tensor& src) {
+  if (!is_floating(dst.dtype())) {  // an integer or bool copy carries no gradient
+    autograd::NoGradGuard no_grad;
+    return copy_into(dst, src);
+  }
   autograd::check_in_place("copy_", dst);
+  const Tensor inputs[] = {src, dst};  // dst as it was: its history so far
   {
     autograd::NoGradGuard no_grad;
     copy_into(dst, src);
   }
   Tensor result = dst.detach();
-  if (autograd::wants_grad({src}))
-    autograd::record("copy_", std::span<const Tensor>(&src, 1), std::span<Tensor>(&result, 1),
-                     [shape = src.shape()](const std::vector<Tensor>& g) {
-                       return std::vector<Tensor>{sum_to(g[0], shape)};
-                     });
+  autograd::record(
+      "copy_", inputs, std::span<Tensor>(&result, 1),
+      [shape = src.shape(), dst_shape = dst.shape(),
+       dtype = dst.dtype()](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{sum_to(g[0], shape), Tensor::zeros(dst_shape, dtype)};
+      });
   autograd::take_history(dst, result);
 }
 }  // namespace

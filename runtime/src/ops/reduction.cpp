@@ -158,6 +158,7 @@ Tensor reduce_recorded(const OpInfo& op, const Tensor& x, const std::vector<int>
       op.name, {x}, [&] { return reduce_named(op, x, axes_in, keepdims, attrs); },
       [&](const Tensor& y) {
         std::vector<int> axes = normalize_axes(op.name.c_str(), axes_in, x.dim());
+        if (x.dim() == 0) axes.clear();  // a 0-d input's axis 0 is itself: nothing is reduced
         autograd::SavedTensor sx = saves & kInput ? x : Tensor(),
                               sy = saves & kResult ? y : Tensor();
         return [name = op.name, sx, sy, axes, keepdims, shape = x.shape(),
