@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "opforge/autograd.hpp"
+#include "opforge/torch/optim.hpp"
 
 namespace opforge::torch::nn {
 namespace {
@@ -105,14 +106,7 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
-void Module::zero_grad(bool set_to_none) {
-  for (Tensor& p : parameters()) {
-    if (set_to_none)
-      p.set_grad({});
-    else if (p.grad().defined())
-      p.grad().zero_();
-  }
-}
+void Module::zero_grad(bool set_to_none) { optim::zero_grads(parameters(), set_to_none); }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, DType dtype,
                Generator& g) {

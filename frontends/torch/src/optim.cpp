@@ -85,8 +85,8 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   }
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
-  for (Tensor& p : params_) {
+void zero_grads(const std::vector<Tensor>& params, bool set_to_none) {
+  for (Tensor p : params) {
     if (set_to_none)
       p.set_grad({});
     else if (p.grad().defined())
@@ -159,23 +159,23 @@ void Adam::step() {
   }
 }
 
-StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
-    : LRScheduler(opt), step_size_(step_size), gamma_(gamma) {
-  OPFORGE_CHECK(step_size > 0) << "StepLR: step_size must be positive, got " << step_size;
+namespace {
+int64_t positive(const char* what, int64_t v) {
+  OPFORGE_CHECK(v > 0) << what << " must be positive, got " << v;
+  return v;
 }
+}  // namespace
 
-double StepLR::lr_at(int64_t epoch, double base) const {
-  return base * std::pow(gamma_, double(epoch / step_size_));
-}
+StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
+    : LambdaLR(opt, [n = positive("StepLR: step_size", step_size), gamma](int64_t e, double base) {
+        return base * std::pow(gamma, double(e / n));
+      }) {}
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
-    : LRScheduler(opt), t_max_(t_max), eta_min_(eta_min) {
-  OPFORGE_CHECK(t_max > 0) << "CosineAnnealingLR: T_max must be positive, got " << t_max;
-}
-
-double CosineAnnealingLR::lr_at(int64_t epoch, double base) const {
-  double c = std::cos(std::numbers::pi * double(epoch) / double(t_max_));
-  return eta_min_ + (base - eta_min_) * (1 + c) / 2;
-}
+    : LambdaLR(
+          opt, [t = positive("CosineAnnealingLR: T_max", t_max), eta_min](int64_t e, double base) {
+            return eta_min +
+                   (base - eta_min) * (1 + std::cos(std::numbers::pi * double(e) / double(t))) / 2;
+          }) {}
 
 }  // namespace opforge::torch::optim

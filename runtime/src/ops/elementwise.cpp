@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <span>
 
 #include "autograd/record.hpp"
@@ -256,7 +257,8 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
                            std::initializer_list<TensorRef> outs = {}) {
   check_call(op, in.size(), outs.size());
   std::span<const double> a(attrs.begin(), attrs.size());
-  if (outs.size() == 0 && !autograd::wants_grad(in)) {
+  const bool grad = autograd::wants_grad(in);
+  if (outs.size() == 0 && !grad) {
     std::array<const Tensor*, TensorList::kCapacity> refs;
     size_t n = 0;
     for (const Tensor& t : in) refs[n++] = &t;
@@ -268,10 +270,11 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
   for (const Tensor& t : outs) {
     // An in-place write under autograd gives its target a history: the caller's handle must
     // share the Meta that the copy here gets it in.
-    if (autograd::wants_grad(in)) autograd::meta_of(t);
+    if (grad) autograd::meta_of(t);
     os.push_back(t);
   }
-  return run_elementwise(op, ins.span(), a, os.span());
+  if (grad) return run_recorded(op, ins.span(), a, os.span());
+  return run_general(op, ins.span(), a, os.span());
 }
 
 // The gradient of a recorded call: the op's backward kernel (elementwise_backward), with integer
@@ -280,26 +283,24 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
 // every other): its gradient is zero.
 autograd::BackwardFn elementwise_formula(const OpInfo& op, std::span<const Tensor> inputs,
                                          std::span<const double> attrs, DType result) {
+  if (!find_op(backward_name(op.name))) {  // zero_grad: nothing to save
+    std::vector<std::optional<std::pair<Shape, DType>>> zeros;
+    for (const Tensor& t : inputs)
+      zeros.push_back(is_floating(t.dtype()) ? std::optional(std::pair(t.shape(), t.dtype()))
+                                             : std::nullopt);
+    return [zeros](const std::vector<Tensor>&) {
+      std::vector<Tensor> out;
+      for (const auto& z : zeros) out.push_back(z ? Tensor::zeros(z->first, z->second) : Tensor());
+      return out;
+    };
+  }
   std::vector<autograd::SavedTensor> saved(inputs.begin(), inputs.end());
-  std::vector<Shape> shapes;
-  std::vector<DType> dtypes;
   std::vector<bool> needed;  // per non-bool input: it wants a gradient
-  for (size_t i = 0; i < inputs.size(); i++) {
-    shapes.push_back(inputs[i].shape());
-    dtypes.push_back(inputs[i].dtype());
+  for (size_t i = 0; i < inputs.size(); i++)
     if (!((op.flags >> i) & 1))
       needed.push_back(is_floating(inputs[i].dtype()) && inputs[i].requires_grad());
-  }
-  const bool has_kernel = find_op(backward_name(op.name)) != nullptr;
-  return [name = op.name, flags = op.flags, saved = std::move(saved), shapes, dtypes, needed,
-          a = AttrValues(attrs.begin(), attrs.end()), result,
-          has_kernel](const std::vector<Tensor>& grads) {
-    std::vector<Tensor> out(saved.size());
-    if (!has_kernel) {
-      for (size_t i = 0; i < out.size(); i++)
-        if (is_floating(dtypes[i])) out[i] = Tensor::zeros(shapes[i], dtypes[i]);
-      return out;
-    }
+  return [name = op.name, flags = op.flags, saved = std::move(saved), needed,
+          a = AttrValues(attrs.begin(), attrs.end()), result](const std::vector<Tensor>& grads) {
     std::vector<Tensor> in;
     for (size_t i = 0; i < saved.size(); i++) {
       Tensor t = saved[i].unpack(name);
@@ -307,11 +308,10 @@ autograd::BackwardFn elementwise_formula(const OpInfo& op, std::span<const Tenso
       in.push_back(condition || is_floating(t.dtype()) ? t : cast(t, result));
     }
     std::vector<Tensor> g = elementwise_backward(name, in, grads.at(0), a, needed);
+    std::vector<Tensor> out(saved.size());
     size_t k = 0;
-    for (size_t i = 0; i < in.size(); i++) {
-      if ((flags >> i) & 1) continue;
-      out[i] = std::move(g.at(k++));
-    }
+    for (size_t i = 0; i < in.size(); i++)
+      if (!((flags >> i) & 1)) out[i] = std::move(g.at(k++));
     return out;
   };
 }

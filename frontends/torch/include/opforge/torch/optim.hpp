@@ -3,6 +3,7 @@
 // parameter and its state in place; the updates are compositions of elementwise kernels (axpy_
 // for the parameter), not yet one fused kernel per parameter.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,13 +13,17 @@
 
 namespace opforge::torch::optim {
 
+// Clears each tensor's gradient (set_to_none) or zeroes it in place: what Optimizer::zero_grad
+// and nn::Module::zero_grad do to their parameters.
+void zero_grads(const std::vector<Tensor>& params, bool set_to_none = true);
+
 class Optimizer {
  public:
   Optimizer(std::vector<Tensor> params, double lr);
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient.
   virtual void step() = 0;
-  void zero_grad(bool set_to_none = true);
+  void zero_grad(bool set_to_none = true) { zero_grads(params_, set_to_none); }
   double lr() const { return lr_; }
   void set_lr(double lr);
   const std::vector<Tensor>& params() const { return params_; }
@@ -77,45 +82,30 @@ class AdamW : public Adam {
 };
 
 // Learning-rate schedules: step() once per epoch, as in PyTorch; each sets the optimiser's rate
-// from the rate it had when the schedule was made and the epochs counted so far.
-class LRScheduler {
+// to rate(epoch, base) from the epochs counted so far and the rate it had when the schedule was
+// made (torch.optim.lr_scheduler.LambdaLR, with the base passed in).
+class LambdaLR {
  public:
-  explicit LRScheduler(Optimizer& opt) : opt_(opt), base_(opt.lr()) {}
-  virtual ~LRScheduler() = default;
-  void step() { opt_.set_lr(lr_at(++epoch_, base_)); }
+  using Rate = std::function<double(int64_t epoch, double base)>;
+  LambdaLR(Optimizer& opt, Rate rate) : opt_(opt), rate_(std::move(rate)), base_(opt.lr()) {}
+  void step() { opt_.set_lr(rate_(++epoch_, base_)); }
   int64_t epoch() const { return epoch_; }
-
- protected:
-  virtual double lr_at(int64_t epoch, double base) const = 0;
 
  private:
   Optimizer& opt_;
+  Rate rate_;
   double base_;
   int64_t epoch_ = 0;
 };
 // base * gamma^(epoch / step_size), the division rounded down.
-class StepLR : public LRScheduler {
+class StepLR : public LambdaLR {
  public:
   StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
-
- protected:
-  double lr_at(int64_t epoch, double base) const override;
-
- private:
-  int64_t step_size_;
-  double gamma_;
 };
 // eta_min + (base - eta_min) (1 + cos(pi epoch / t_max)) / 2.
-class CosineAnnealingLR : public LRScheduler {
+class CosineAnnealingLR : public LambdaLR {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0);
-
- protected:
-  double lr_at(int64_t epoch, double base) const override;
-
- private:
-  int64_t t_max_;
-  double eta_min_;
 };
 
 }  // namespace opforge::torch::optim
