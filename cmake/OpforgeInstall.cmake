@@ -8,8 +8,8 @@ install(TARGETS opforge EXPORT opforgeTargets ARCHIVE DESTINATION ${CMAKE_INSTAL
 install(DIRECTORY runtime/include/opforge dsl/opforge DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES frontends/numpy/include/opforge/numpy.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/opforge)
 install(DIRECTORY frontends/torch/include/opforge DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES generators/kernel_compiler.cpp generators/kernel_cache.hpp generators/pipelines.hpp
-        DESTINATION ${CMAKE_INSTALL_DATADIR}/opforge/generator/generators)
+install(DIRECTORY generators/ DESTINATION ${CMAKE_INSTALL_DATADIR}/opforge/generator/generators
+        FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cpp")
 install(DIRECTORY schedules/ DESTINATION ${CMAKE_INSTALL_DATADIR}/opforge/generator/schedules
         FILES_MATCHING PATTERN "*.hpp")
 install(TARGETS opforge-cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

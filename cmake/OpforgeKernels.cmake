@@ -38,14 +38,46 @@ if(NOT DEFINED OPFORGE_KERNEL_CACHE)
 endif()
 set(OPFORGE_KERNEL_CACHE_MAX_MB 4096 CACHE STRING "Size above which the kernel cache drops its least recently used kernels")
 # What every kernel's cache key includes besides its op's definition: the sources that schedule
-# and compile kernels, and the Halide library (by size and time).
+# and compile kernels, and the Halide library (by size and time). Each family's pipeline builder
+# and hand schedules are files of their own (generators/pipeline_<family>.hpp,
+# schedules/<family>.hpp): only that family's kernels hold them in their keys, so editing one
+# family's schedule regenerates that family alone. The variant list (schedules/variants.hpp) is in
+# no key: the compiler writes what of it shapes a kernel into the key itself. Every other generator
+# and schedule source is in every key.
 set(abi_globs)
 foreach(dir ${OPFORGE_DSL_INCLUDE_DIRS})
   list(APPEND abi_globs ${dir}/opforge/kernel_abi.hpp)
 endforeach()
-file(GLOB OPFORGE_KERNEL_KEY_FILES CONFIGURE_DEPENDS ${OPFORGE_GENERATOR_ROOT}/schedules/*.hpp
+file(GLOB OPFORGE_KERNEL_SOURCES CONFIGURE_DEPENDS ${OPFORGE_GENERATOR_ROOT}/schedules/*.hpp
      ${OPFORGE_GENERATOR_ROOT}/generators/*.hpp ${OPFORGE_GENERATOR_ROOT}/generators/*.cpp
      ${abi_globs})
+set(OPFORGE_FAMILIES elementwise reduction contraction window movement)
+# opforge_kernel_key_files(FAMILY out_var): the sources in the keys of one family's kernels.
+function(opforge_kernel_key_files family out)
+  set(files)
+  foreach(f ${OPFORGE_KERNEL_SOURCES})
+    get_filename_component(name ${f} NAME_WE)
+    get_filename_component(dir ${f} DIRECTORY)
+    get_filename_component(dir ${dir} NAME)
+    set(keep TRUE)
+    if(dir STREQUAL "schedules" AND name STREQUAL "variants")
+      set(keep FALSE)
+    endif()
+    foreach(other ${OPFORGE_FAMILIES})
+      if(name STREQUAL "pipeline_${other}" OR (dir STREQUAL "schedules" AND name STREQUAL other))
+        set(keep FALSE)
+        # Movement's copies are scheduled as elementwise kernels.
+        if(other STREQUAL family OR (family STREQUAL "movement" AND name STREQUAL "elementwise"))
+          set(keep TRUE)
+        endif()
+      endif()
+    endforeach()
+    if(keep)
+      list(APPEND files ${f})
+    endif()
+  endforeach()
+  set(${out} ${files} PARENT_SCOPE)
+endfunction()
 
 # opforge_kernel_compiler(NAME OPS_HEADER header OPS_TABLE expr [INCLUDE_DIRS dirs...])
 function(opforge_kernel_compiler name)
@@ -106,7 +138,8 @@ function(opforge_compile_kernels)
   if(OPFORGE_KERNEL_CACHE)
     list(APPEND flags --cache ${OPFORGE_KERNEL_CACHE} --cache-max-mb ${OPFORGE_KERNEL_CACHE_MAX_MB})
   endif()
-  foreach(f ${OPFORGE_KERNEL_KEY_FILES} $<TARGET_FILE:Halide::Halide>)
+  opforge_kernel_key_files(${A_FAMILY} key_files)
+  foreach(f ${key_files} $<TARGET_FILE:Halide::Halide>)
     list(APPEND flags --key-file ${f})
   endforeach()
   # The autoschedulers print their search; keep it in a log and show it only on failure.
@@ -120,7 +153,7 @@ function(opforge_compile_kernels)
             --unit ${A_UNIT} --prefix ${A_PREFIX} --out ${dir}
             --adams $<TARGET_FILE:Halide::Adams2019> --mullapudi $<TARGET_FILE:Halide::Mullapudi2016>
             --li2018 $<TARGET_FILE:Halide::Li2018> --linker ${CMAKE_LINKER} ${flags}
-    DEPENDS ${A_COMPILER} ${OPFORGE_KERNEL_KEY_FILES}
+    DEPENDS ${A_COMPILER} ${key_files}
     COMMENT "Generating ${A_FAMILY} kernels (${A_UNIT})"
     VERBATIM)
   set(${A_OBJECTS} ${objects} PARENT_SCOPE)

@@ -20,7 +20,7 @@
 #include <system_error>
 #include <vector>
 
-#include "generators/pipelines.hpp"
+#include "generators/pipeline.hpp"
 
 namespace opforge::gen {
 namespace fs = std::filesystem;
@@ -132,7 +132,7 @@ inline std::string definition_text(const Pipeline& p) {
   std::ostringstream os;
   os << "op " << p.op << " " << p.dtype_key << " family " << int(p.family) << " dtypes "
      << int(p.in_dtype) << " " << int(p.out_dtype) << " attrs " << p.attrs << " flags "
-     << p.variant_flags << " inout " << p.inout << "\n";
+     << p.variant_flags << " inout " << p.inout_mask << "\n";
   for (const auto& a : p.args)
     os << "arg " << a.name << " " << int(a.kind) << " " << a.type << " " << int(a.dimensions)
        << "\n";

@@ -5,6 +5,7 @@
 // by OPFORGE_OPS_HEADER (the built-in library's, or a user's for opforge_add_ops).
 #include <Halide.h>
 
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,8 +19,7 @@
 #include "generators/kernel_cache.hpp"
 #include "generators/pipelines.hpp"
 #include "schedules/alias_safe.hpp"
-#include "schedules/cpu_manual.hpp"
-#include "schedules/gpu_manual.hpp"
+#include "schedules/manual.hpp"
 #include "schedules/variants.hpp"
 #include OPFORGE_OPS_HEADER
 
@@ -50,6 +50,9 @@ struct KernelSource {
   // CPU kernel (kernel_abi.hpp); empty for the other families.
   std::function<Pipeline()> build_dense;
   bool backward = false;  // a backward kernel: built in schedules::backward_variant()s only
+  // Hand schedules only: an op that updates several inputs in place needs its inputs read before
+  // any result is stored (schedules/elementwise.hpp), which no autoscheduler knows to keep.
+  bool hand_only = false;
 };
 
 template <class Op>
@@ -74,6 +77,7 @@ void collect_op(const Op& op, dsl::Family family, std::vector<KernelSource>& out
       KernelSource k{op.name, dtype_str<T>(), [op, type] { return build(op, type); }, {}};
       if constexpr (Op::family == dsl::Family::elementwise) {
         k.build_dense = [op, type] { return build(op, type, 1); };
+        k.hand_only = std::popcount(unsigned(op.inout_mask)) > 1;
         out.push_back(std::move(k));
         if constexpr (std::is_floating_point_v<T>)
           if (dsl::has_backward(op))
@@ -81,6 +85,7 @@ void collect_op(const Op& op, dsl::Family family, std::vector<KernelSource>& out
                            [op, type] { return build_backward(op, type); },
                            [op, type] { return build_backward(op, type, 1); }, true});
       } else {
+        if constexpr (Op::family == dsl::Family::window) k.backward = dsl::is_gradient(op.kind);
         out.push_back(std::move(k));
       }
     });
@@ -191,9 +196,13 @@ int run(const Options& opt) {
                        std::vector<int64_t>& min_extents, bool& hit) {
       bool manual = v.scheduler == schedules::Scheduler::manual ||
                     v.scheduler == schedules::Scheduler::gpu_manual;
-      std::string key = content_hash(definition_text(p) + "variant " + v.name + "\ntarget " +
-                                     t.to_string() + "\nentry " + fn + "\nsources " + sources +
-                                     "\ncompiler " + __VERSION__ + "\n");
+      // What of schedules/variants.hpp shapes a kernel is written out here (its variant, estimate
+      // and machine description; the target), so that file is in no key: adding a variant
+      // compiles that variant alone.
+      std::string key = content_hash(
+          definition_text(p) + "variant " + v.name + " estimate " + std::to_string(v.estimate) +
+          " machine " + (manual ? "" : schedules::kMachineParams) + "\ntarget " + t.to_string() +
+          "\nentry " + fn + "\nsources " + sources + "\ncompiler " + __VERSION__ + "\n");
       if (auto reason = cache.skipped(key)) {
         fprintf(stderr, "opforge-kc: variant %s left out (cached): %s\n", fn.c_str(),
                 reason->c_str());
@@ -249,8 +258,8 @@ int run(const Options& opt) {
           continue;
         bool manual = v.scheduler == schedules::Scheduler::manual ||
                       v.scheduler == schedules::Scheduler::gpu_manual;
-        if (!manual && plugin_path(opt, v.scheduler).empty()) continue;
-        if (k.backward && !schedules::backward_variant(v)) continue;
+        if (!manual && (k.hand_only || plugin_path(opt, v.scheduler).empty())) continue;
+        if (k.backward && !schedules::backward_variant(family, v)) continue;
         if (const char* why = schedules::left_out_reason(
                 family, v, target.tag == "opencl" || target.tag == "cuda")) {
           fprintf(stderr, "opforge-kc: variant %s of %s left out for %s: %s\n", v.name.c_str(),

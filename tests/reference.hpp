@@ -739,6 +739,87 @@ inline Expected pool2d(const Dense& x, PoolParams p, bool is_max) {
   return e;
 }
 
+// The gradients of conv2d, written as the scatter its forward loop implies (each output's
+// gradient flows back along the taps that made it), so they share nothing with the kernels' gather
+// form. grad: (N, CO, OH, OW); x_shape / w_shape: the forward's input and weight shapes.
+// Calls f(y, x, w) with the flat indices of every (output, tap) pair of a convolution whose tap
+// lies inside the image: output y of shape y_shape reads input x through weight w.
+template <class F>
+void conv2d_taps(const Shape& x_shape, const Shape& w_shape, const Shape& y_shape,
+                 const ConvParams& p, F f) {
+  int64_t N = x_shape[0], C = x_shape[1], H = x_shape[2], W = x_shape[3];
+  int64_t CO = w_shape[0], CG = w_shape[1], KH = w_shape[2], KW = w_shape[3];
+  int64_t OH = y_shape[2], OW = y_shape[3], cout_g = CO / p.groups;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t co = 0; co < CO; co++)
+      for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++)
+          for (int64_t ci = 0; ci < CG; ci++)
+            for (int64_t kh = 0; kh < KH; kh++)
+              for (int64_t kw = 0; kw < KW; kw++) {
+                int64_t ih = oh * p.stride_h - p.pad_h + kh * p.dil_h,
+                        iw = ow * p.stride_w - p.pad_w + kw * p.dil_w;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                int64_t c = co / cout_g * CG + ci;
+                f(size_t(((n * CO + co) * OH + oh) * OW + ow),
+                  size_t(((n * C + c) * H + ih) * W + iw),
+                  size_t(((co * CG + ci) * KH + kh) * KW + kw));
+              }
+}
+
+inline Expected conv2d_backward_input(const Dense& grad, const Dense& w, const Shape& x_shape,
+                                      const ConvParams& p) {
+  Expected e{std::vector<double>(size_t(numel(x_shape)), 0.0), x_shape};
+  conv2d_taps(x_shape, w.shape, grad.shape, p,
+              [&](size_t y, size_t x, size_t k) { e.values[x] += grad.v[y] * w.v[k]; });
+  return e;
+}
+
+inline Expected conv2d_backward_weight(const Dense& x, const Dense& grad, const Shape& w_shape,
+                                       const ConvParams& p) {
+  Expected e{std::vector<double>(size_t(numel(w_shape)), 0.0), w_shape};
+  conv2d_taps(x.shape, w_shape, grad.shape, p,
+              [&](size_t y, size_t xi, size_t k) { e.values[k] += grad.v[y] * x.v[xi]; });
+  return e;
+}
+
+// The gradient of max_pool2d (is_max) or avg_pool2d: each window's gradient to its first maximum
+// in row-major order (a NaN wins; an all -inf window's to its first tap inside the image), as
+// PyTorch's indices say, or spread over the window's divisor.
+inline Expected pool2d_backward(const Dense& x, const Dense& grad, PoolParams p, bool is_max) {
+  if (p.stride_h == 0) p.stride_h = p.kernel_h;
+  if (p.stride_w == 0) p.stride_w = p.kernel_w;
+  int64_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3];
+  int64_t OH = grad.shape[2], OW = grad.shape[3];
+  Expected e{std::vector<double>(x.v.size(), 0.0), x.shape};
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+          double g = grad.v[size_t(((n * C + c) * OH + oh) * OW + ow)];
+          int64_t h0 = oh * p.stride_h - p.pad_h, w0 = ow * p.stride_w - p.pad_w;
+          size_t plane = size_t((n * C + c) * H * W);
+          if (is_max) {
+            int64_t best = std::max<int64_t>(h0, 0) * W + std::max<int64_t>(w0, 0);
+            double m = -std::numeric_limits<double>::infinity();
+            for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + p.kernel_h, H); ih++)
+              for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + p.kernel_w, W); iw++) {
+                double v = x.v[plane + size_t(ih * W + iw)];
+                if (v > m || std::isnan(v)) m = v, best = ih * W + iw;
+              }
+            e.values[plane + size_t(best)] += g;
+            continue;
+          }
+          int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + p.kernel_h, H),
+                  ws = std::max<int64_t>(w0, 0), we = std::min(w0 + p.kernel_w, W);
+          double count =
+              double(p.count_include_pad ? p.kernel_h * p.kernel_w : (he - hs) * (we - ws));
+          for (int64_t ih = hs; ih < he; ih++)
+            for (int64_t iw = ws; iw < we; iw++) e.values[plane + size_t(ih * W + iw)] += g / count;
+        }
+  return e;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Movement
 // ---------------------------------------------------------------------------------------------

@@ -397,18 +397,93 @@ TEST(Autograd, GradRunsOnlyWhatItsInputsNeed) {
 
 TEST(Autograd, OpsWithoutAGradientSayWhenAnInputNeedsOne) {
   Tensor x = randn64({1, 1, 4, 4}, 57).requires_grad_();
-  Tensor w = randn64({1, 1, 3, 3}, 58);
   try {
-    conv2d(x, w);
+    sincos(x);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no gradient yet"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(max_pool2d(x, {}), Error);
-  EXPECT_THROW(sincos(x), Error);
   EXPECT_THROW(index_select(x, 2, Tensor::from_vector<int64_t>({0}, {1})), Error);
+  // The window ops' gradients are first-order: a gradient that itself requires one is refused.
+  Tensor w = randn64({1, 1, 3, 3}, 58);
+  EXPECT_THROW(conv2d_backward_input(randn64({1, 1, 2, 2}, 59).requires_grad_(), w, {1, 1, 4, 4}),
+               Error);
   NoGradGuard no_grad;  // without recording they run
-  EXPECT_EQ(conv2d(x, w).shape(), (Shape{1, 1, 2, 2}));
+  EXPECT_EQ(sincos(x).first.shape(), x.shape());
+}
+
+// conv2d's gradients (conv2d_backward_input, conv2d_backward_weight and a sum for the bias)
+// against finite differences: padding, stride, dilation, groups, a strided input view, and a
+// first layer whose input needs no gradient.
+TEST(Autograd, Convolution) {
+  auto conv = [](Conv2dOptions o) -> Fn {
+    return [o](const std::vector<Tensor>& in) {
+      return conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), o);
+    };
+  };
+  gradcheck(conv({}), {leaf({2, 3, 6, 5}, 60), leaf({4, 3, 3, 3}, 61), leaf({4}, 62)});
+  Conv2dOptions s;
+  s.stride = {2, 1};
+  s.padding = {1, 2};
+  s.dilation = {1, 2};
+  gradcheck(conv(s), {leaf({1, 2, 7, 8}, 63), leaf({3, 2, 3, 2}, 64), leaf({3}, 65)});
+  Conv2dOptions grouped;
+  grouped.groups = 2;
+  grouped.padding = {1, 1};
+  grouped.stride = {2, 2};
+  gradcheck(conv(grouped), {leaf({2, 4, 5, 5}, 66), leaf({6, 2, 3, 3}, 67)});
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0].transpose(2, 3), in[1], {}, Conv2dOptions{{1, 1}, {1, 0}});
+      },
+      {leaf({1, 2, 6, 4}, 68), leaf({2, 2, 3, 3}, 69)});
+  Tensor data = randn64({2, 3, 5, 5}, 70), w = leaf({2, 3, 3, 3}, 71);
+  gradcheck(conv({}), {data, w});
+  EXPECT_FALSE(data.grad().defined());
+}
+
+TEST(Autograd, ConvTranspose) {
+  auto convt = [](ConvTranspose2dOptions o) -> Fn {
+    return [o](const std::vector<Tensor>& in) {
+      return conv_transpose2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), o);
+    };
+  };
+  gradcheck(convt({}), {leaf({2, 3, 4, 5}, 72), leaf({3, 2, 3, 3}, 73), leaf({2}, 74)});
+  ConvTranspose2dOptions o;
+  o.stride = {2, 3};
+  o.padding = {1, 1};
+  o.output_padding = {1, 2};
+  o.groups = 2;
+  gradcheck(convt(o), {leaf({1, 4, 3, 4}, 75), leaf({4, 3, 3, 4}, 76)});
+}
+
+TEST(Autograd, Pools) {
+  auto pool = [](bool is_max, Pool2dOptions o) -> Fn {
+    return [=](const std::vector<Tensor>& in) {
+      return is_max ? max_pool2d(in[0], o) : avg_pool2d(in[0], o);
+    };
+  };
+  Pool2dOptions tiling;  // 2x2, stride 2, as a CNN uses it
+  Pool2dOptions overlapping;
+  overlapping.kernel = {3, 3};
+  overlapping.stride = {2, 1};
+  overlapping.padding = {1, 1};
+  for (bool is_max : {true, false}) {
+    SCOPED_TRACE(is_max ? "max_pool2d" : "avg_pool2d");
+    gradcheck(pool(is_max, tiling), {leaf({2, 3, 6, 5}, 77)});
+    gradcheck(pool(is_max, overlapping), {leaf({2, 2, 5, 6}, 78)});
+    Pool2dOptions exclude = overlapping;
+    exclude.count_include_pad = false;
+    gradcheck(pool(is_max, exclude), {leaf({1, 2, 5, 6}, 79)});
+  }
+}
+
+// max_pool2d's gradient goes where PyTorch's indices point: to the first maximum of a window.
+TEST(Autograd, MaxPoolTiesGoToTheFirstMaximum) {
+  Tensor x = Tensor::from_vector<double>({1, 3, 3, 0}, {1, 1, 2, 2}).requires_grad_();
+  Pool2dOptions o;
+  sum(max_pool2d(x, o)).backward();
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{0, 1, 0, 0}));
 }
 
 }  // namespace

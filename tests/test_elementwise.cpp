@@ -357,7 +357,7 @@ TEST(ElementwisePromotion, MixedDtypesPromote) {
 
 // ---- the CPU hand schedule's layouts ----
 
-// Each branch of the hand schedule (schedules/cpu_manual.hpp) forced: biases along rows and along
+// Each branch of the hand schedule (schedules/elementwise.hpp) forced: biases along rows and along
 // columns (stride-0 inputs), transposed inputs in 64 x 64 tiles with ragged edges, a strided
 // slice, a three-input op with one broadcast input, and the copy a transpose's contiguous() makes.
 TEST(ElementwiseLayouts, HandScheduleMatchesTheReferenceInEveryBranch) {

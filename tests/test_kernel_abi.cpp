@@ -25,7 +25,7 @@ TEST(KernelAbi, RegistryCarriesEachBuffersRole) {
   const auto& sc = opforge::op_info("sincos");
   EXPECT_EQ(sc.num_inputs, 1);
   EXPECT_EQ(sc.num_outputs, 2);
-  EXPECT_EQ(sc.inout, -1);
+  EXPECT_EQ(sc.inout_mask, 0u);
   const auto& b = sc.group("float32").buffers;
   ASSERT_EQ(b.size(), 3u);
   EXPECT_EQ(b[0].role, BufferRole::input);
@@ -37,7 +37,7 @@ TEST(KernelAbi, RegistryCarriesEachBuffersRole) {
   const auto& ax = opforge::op_info("axpy_");
   EXPECT_EQ(ax.num_inputs, 2);
   EXPECT_EQ(ax.num_outputs, 0);
-  EXPECT_EQ(ax.inout, 0);
+  EXPECT_EQ(ax.inout_mask, 1u);
   const auto& a = ax.group("float64").buffers;
   ASSERT_EQ(a.size(), 2u);
   EXPECT_EQ(a[0].role, BufferRole::inout);

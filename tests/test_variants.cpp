@@ -233,6 +233,76 @@ void check_axpy(const KernelGroup& g, const VariantInfo& v) {
   expect_close(y, want, dt, tol_for(dt));
 }
 
+// The optimiser steps: a parameter and its state written in place by one kernel, dense and as
+// strided views (which the runtime updates through dense copies), against PyTorch's rules in
+// float64. Adam's gradients are spread out so that its moments are not all alike.
+enum class StepKind { sgd, momentum, nesterov, adam, adamw };
+Handler step_handler(std::vector<StepKind> kinds) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    Shape shape = elementwise_shape(mins_of(v), 37);
+    const double lr = 0.1, mom = 0.9, damp = 0.25, wd = 0.01, b1 = 0.9, b2 = 0.99, eps = 1e-8;
+    for (StepKind kind : kinds)
+      for (Layout l : {Layout::dense, Layout::views})
+        for (bool first : {true, false}) {
+          SCOPED_TRACE(std::string(layout_name(l)) + ", kind " + std::to_string(int(kind)) +
+                       (first ? ", first step" : ", later step"));
+          std::string label = "variant/step/" + g.dtype_key + v.name + std::to_string(int(kind));
+          Tensor p = random_every_other(l, shape, dt, Data::Normal, label + "/p");
+          Tensor grad = random_every_other(l, shape, dt, Data::Normal, label + "/g");
+          Tensor s1 = random_every_other(l, shape, dt, Data::Normal, label + "/s1");
+          Tensor s2 = opforge::abs(random_every_other(l, shape, dt, Data::Normal, label + "/s2"));
+          std::vector<double> pv = p.to_double_vector(), gv = grad.to_double_vector(),
+                              s1v = s1.to_double_vector(), s2v = s2.to_double_vector();
+          const int64_t step = first ? 1 : 5;
+          for (size_t i = 0; i < pv.size(); i++) {
+            double& P = pv[i];
+            double G = gv[i];
+            if (kind == StepKind::sgd) {
+              P -= lr * (G + wd * P);
+            } else if (kind == StepKind::momentum || kind == StepKind::nesterov) {
+              double d = G + wd * P, dampening = kind == StepKind::nesterov ? 0 : damp;
+              s1v[i] = first ? d : mom * s1v[i] + (1 - dampening) * d;
+              P -= lr * (kind == StepKind::nesterov ? d + mom * s1v[i] : s1v[i]);
+            } else {
+              bool decoupled = kind == StepKind::adamw;
+              if (decoupled)
+                P *= 1 - lr * wd;
+              else
+                G += wd * P;
+              s1v[i] = b1 * s1v[i] + (1 - b1) * G;
+              s2v[i] = b2 * s2v[i] + (1 - b2) * G * G;
+              double bc1 = 1 - std::pow(b1, double(step)), bc2 = 1 - std::pow(b2, double(step));
+              P -= lr / bc1 * s1v[i] / (std::sqrt(s2v[i]) / std::sqrt(bc2) + eps);
+            }
+          }
+          run_forced(g, v, [&] {
+            switch (kind) {
+              case StepKind::sgd:
+                opforge::sgd_step_(p, grad, lr, wd);
+                break;
+              case StepKind::momentum:
+              case StepKind::nesterov: {
+                bool nesterov = kind == StepKind::nesterov;
+                opforge::sgd_momentum_step_(p, grad, s1, lr, mom, nesterov ? 0 : damp, wd, nesterov,
+                                            first);
+                break;
+              }
+              default:
+                opforge::adam_step_(p, grad, s1, s2, lr, b1, b2, eps, wd, kind == StepKind::adamw,
+                                    step);
+            }
+            return p;
+          });
+          Tol tol = accum_tol(dt, 16);
+          expect_close(p, Expected{pv, shape}, dt, tol);
+          if (kind != StepKind::sgd) expect_close(s1, Expected{s1v, shape}, dt, tol);
+          if (kind == StepKind::adam || kind == StepKind::adamw)
+            expect_close(s2, Expected{s2v, shape}, dt, tol);
+        }
+  };
+}
+
 // ---- reduction: call extents (inner, reduced, outer) ----
 
 struct RedShape {
@@ -399,6 +469,106 @@ Handler pool_handler(bool is_max) {
   };
 }
 
+// The gradients of conv2d, at stride 1 (the kernels' specialised branch) and at stride 2 with
+// dilation (the general one), through the public ops.
+struct ConvCase {
+  opforge::Conv2dOptions o;
+  ConvParams p;
+};
+std::vector<ConvCase> conv_grad_cases() {
+  ConvCase plain, strided;
+  plain.o.padding = {1, 1};
+  plain.p.pad_h = plain.p.pad_w = 1;
+  strided.o.padding = {1, 2};
+  strided.o.stride = {2, 2};
+  strided.o.dilation = {1, 2};
+  strided.p.pad_h = 1;
+  strided.p.pad_w = 2;
+  strided.p.stride_h = strided.p.stride_w = 2;
+  strided.p.dil_w = 2;
+  return {plain, strided};
+}
+int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+void check_conv2d_backward_input(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  // Call extents: the input gradient's (W, H, C, N).
+  int64_t W = at_least(m[0], 7), H = at_least(m[1], 6), C = at_least(m[2], 4),
+          N = at_least(m[3], 2), CO = 3;
+  for (const ConvCase& k : conv_grad_cases())
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.p.stride_w));
+      Shape gs = {N, CO, conv_out(H, 3, k.p.stride_h, k.p.pad_h, k.p.dil_h),
+                  conv_out(W, 3, k.p.stride_w, k.p.pad_w, k.p.dil_w)};
+      Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbi g" + v.name);
+      Tensor w = random_as(l, {CO, C, 3, 3}, dt, Data::Normal, "variant/convbi w" + v.name, 0, 1);
+      Expected want = conv2d_backward_input(dense(grad), dense(w), {N, C, H, W}, k.p);
+      Tensor got = run_forced(g, v, [&] {
+        return opforge::conv2d_backward_input(grad, w, {N, C, H, W}, k.o);
+      });
+      expect_close(got, want, dt, accum_tol(dt, CO * 9));
+    }
+}
+
+void check_conv2d_backward_weight(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  // Call extents: the weight gradient's (KW, KH, C / groups, CO).
+  int64_t KW = at_least(m[0], 3), KH = at_least(m[1], 2), C = at_least(m[2], 3),
+          CO = at_least(m[3], 4), N = 2, H = 7, W = 11;
+  for (const ConvCase& k : conv_grad_cases())
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.p.stride_w));
+      Shape gs = {N, CO, conv_out(H, KH, k.p.stride_h, k.p.pad_h, k.p.dil_h),
+                  conv_out(W, KW, k.p.stride_w, k.p.pad_w, k.p.dil_w)};
+      Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/convbw x" + v.name, 0, 1);
+      Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbw g" + v.name);
+      Shape ws = {CO, C, KH, KW};
+      Expected want = conv2d_backward_weight(dense(x), dense(grad), ws, k.p);
+      Tensor got =
+          run_forced(g, v, [&] { return opforge::conv2d_backward_weight(x, grad, ws, k.o); });
+      expect_close(got, want, dt, accum_tol(dt, N * gs[2] * gs[3]));
+    }
+}
+
+// The pools' gradients: overlapping windows (3x3, stride 2, padding 1) and the tiling ones a CNN
+// uses (2x2, stride 2).
+Handler pool_backward_handler(bool is_max) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    const int64_t* m = mins_of(v);
+    int64_t W = at_least(m[0], 9), H = at_least(m[1], 6), C = at_least(m[2], 3),
+            N = at_least(m[3], 2);
+    for (int64_t k : {3, 2})
+      for (Layout l : {Layout::dense, Layout::views}) {
+        SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(k));
+        const int64_t pad = k == 3 ? 1 : 0;
+        opforge::Pool2dOptions o;
+        o.kernel = {k, k};
+        o.stride = {2, 2};
+        o.padding = {pad, pad};
+        o.count_include_pad = false;
+        PoolParams p;
+        p.kernel_h = p.kernel_w = k;
+        p.stride_h = p.stride_w = 2;
+        p.pad_h = p.pad_w = pad;
+        p.count_include_pad = false;
+        Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/poolb" + v.name, 2, 3);
+        Shape gs = {N, C, (H + 2 * p.pad_h - k) / 2 + 1, (W + 2 * p.pad_w - k) / 2 + 1};
+        Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/poolb g" + v.name);
+        Expected want = pool2d_backward(dense(x), dense(grad), p, is_max);
+        Tensor got = run_forced(g, v, [&] {
+          return is_max ? opforge::max_pool2d_backward(x, grad, o)
+                        : opforge::avg_pool2d_backward(x, grad, o);
+        });
+        expect_close(got, want, dt, accum_tol(dt, 4));
+      }
+  };
+}
+
 // ---- movement ----
 
 void check_copy(const KernelGroup& g, const VariantInfo& v) {
@@ -478,6 +648,9 @@ const std::map<std::string, Handler>& handlers() {
     t["cast"] = check_cast;
     t["sincos"] = check_sincos;
     t["axpy_"] = check_axpy;
+    t["sgd_"] = step_handler({StepKind::sgd});
+    t["sgd_momentum_"] = step_handler({StepKind::momentum, StepKind::nesterov});
+    t["adam_"] = step_handler({StepKind::adam, StepKind::adamw});
     auto same = [](DType d) { return d; };
     auto widen = [](DType d) { return opforge::is_floating(d) ? d : DType::Int64; };
     auto i64 = [](DType) { return DType::Int64; };
@@ -509,6 +682,10 @@ const std::map<std::string, Handler>& handlers() {
     t["conv2d"] = check_conv2d;
     t["max_pool2d"] = pool_handler(true);
     t["avg_pool2d"] = pool_handler(false);
+    t["conv2d_backward_input"] = check_conv2d_backward_input;
+    t["conv2d_backward_weight"] = check_conv2d_backward_weight;
+    t["max_pool2d_backward"] = pool_backward_handler(true);
+    t["avg_pool2d_backward"] = pool_backward_handler(false);
     t["copy"] = check_copy;
     t["gather"] = check_gather;
     return t;
@@ -534,8 +711,26 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
       if (a != b) m["cast"].insert(dname(a) + "_to_" + dname(b));
   for (const char* op : {"sum", "prod", "max", "min", "argmax", "argmin"})
     m[op] = keys(kNumericTypes);
-  for (const char* op : {"mean", "logsumexp", "var", "softmax", "log_softmax", "layer_norm",
-                         "matmul", "gemm", "conv2d", "max_pool2d", "avg_pool2d", "sincos", "axpy_"})
+  for (const char* op : {"mean",
+                         "logsumexp",
+                         "var",
+                         "softmax",
+                         "log_softmax",
+                         "layer_norm",
+                         "matmul",
+                         "gemm",
+                         "conv2d",
+                         "max_pool2d",
+                         "avg_pool2d",
+                         "sincos",
+                         "axpy_",
+                         "sgd_",
+                         "sgd_momentum_",
+                         "adam_",
+                         "conv2d_backward_input",
+                         "conv2d_backward_weight",
+                         "max_pool2d_backward",
+                         "avg_pool2d_backward"})
     m[op] = keys(kFloatTypes);
   m["copy"] = keys(kAllTypes);
   m["gather"] = keys(kAllTypes);

@@ -2,6 +2,7 @@
 // float64 reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,62 @@ TEST_P(ConvTest, DefaultOptionsAreStride1NoPadding) {
   EXPECT_EQ(got.shape(), (Shape{1, 3, 4, 3}));
 }
 
+opforge::Conv2dOptions options_of(const ConvParams& p) {
+  opforge::Conv2dOptions o;
+  o.stride = {p.stride_h, p.stride_w};
+  o.padding = {p.pad_h, p.pad_w};
+  o.dilation = {p.dil_h, p.dil_w};
+  o.groups = p.groups;
+  return o;
+}
+
+// conv2d's two gradient ops on every geometry above, against the scatter-form references.
+TEST_P(ConvTest, GradientsMatchReference) {
+  DType dt = GetParam();
+  for (const ConvCase& c : conv_cases()) {
+    SCOPED_TRACE("conv2d gradients " + c.label + " at " + dname(dt));
+    Expected y = conv2d(Dense{std::vector<double>(size_t(numel(c.x))), c.x},
+                        Dense{std::vector<double>(size_t(numel(c.w))), c.w}, {}, c.p);
+    Tensor x = random(c.x, dt, Data::Normal, "convg x " + c.label);
+    Tensor w = random(c.w, dt, Data::Normal, "convg w " + c.label);
+    Tensor g = random(y.shape, dt, Data::Normal, "convg g " + c.label);
+    opforge::Conv2dOptions o = options_of(c.p);
+    try {
+      Tensor gx = opforge::conv2d_backward_input(g, w, c.x, o);
+      expect_close(gx, conv2d_backward_input(dense(g), dense(w), c.x, c.p), dt,
+                   accum_tol(dt, numel(c.w)));
+      Tensor gw = opforge::conv2d_backward_weight(x, g, c.w, o);
+      expect_close(gw, conv2d_backward_weight(dense(x), dense(g), c.w, c.p), dt,
+                   accum_tol(dt, numel(y.shape)));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "threw: " << e.what();
+    }
+  }
+}
+
+// conv_transpose2d is conv2d's input gradient with PyTorch's weight layout and output size.
+TEST_P(ConvTest, ConvTransposeMatchesReference) {
+  DType dt = GetParam();
+  Tensor x = random({2, 4, 5, 6}, dt, Data::Normal, "convt x");
+  Tensor w = random({4, 3, 3, 2}, dt, Data::Normal, "convt w");  // (C_in, C_out / groups, kH, kW)
+  Tensor b = random({6}, dt, Data::Normal, "convt b");
+  opforge::ConvTranspose2dOptions o;
+  o.stride = {2, 3};
+  o.padding = {1, 0};
+  o.output_padding = {1, 2};
+  o.groups = 2;
+  Tensor got = opforge::conv_transpose2d(x, w, b, o);
+  // (5 - 1) * 2 - 2 + 2 + 1 + 1 = 10 rows, (6 - 1) * 3 + 1 + 2 + 1 = 19 columns
+  ASSERT_EQ(got.shape(), (Shape{2, 6, 10, 19}));
+  Expected want =
+      conv2d_backward_input(dense(x), dense(w), {2, 6, 10, 19}, cp(2, 3, 1, 0, 1, 1, 2));
+  for (int64_t i = 0; i < int64_t(want.values.size()); i++)
+    want.values[size_t(i)] += b.to_double_vector()[size_t(i / (10 * 19) % 6)];
+  expect_close(got, want, dt, accum_tol(dt, 18));
+  o.output_padding = {2, 0};
+  EXPECT_THROW(opforge::conv_transpose2d(x, w, b, o), opforge::Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Floats, ConvTest, ::testing::ValuesIn(kFloatTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return dname(i.param); });
 
@@ -192,12 +249,74 @@ TEST_P(PoolTest, MatchesReference) {
   }
 }
 
+// The pools' gradient ops on every geometry above, against the reference.
+TEST_P(PoolTest, GradientsMatchReference) {
+  DType dt = GetParam();
+  for (const PoolCase& c : pool_cases())
+    for (int k = 0; k < 3; k++) {
+      bool is_max = k == 0;
+      PoolParams p = c.p;
+      p.count_include_pad = k == 1;
+      SCOPED_TRACE(std::string(is_max ? "max" : "avg") + "_pool2d_backward " + c.label +
+                   (is_max                ? ""
+                    : p.count_include_pad ? ", count_include_pad"
+                                          : "") +
+                   " at " + dname(dt));
+      Tensor x = random(c.x, dt, Data::Normal, "poolg x " + c.label);
+      Shape ys = pool2d(dense(x), p, is_max).shape;
+      Tensor g = random(ys, dt, Data::Normal, "poolg g " + c.label);
+      opforge::Pool2dOptions o;
+      o.kernel = {p.kernel_h, p.kernel_w};
+      o.stride = {p.stride_h, p.stride_w};
+      o.padding = {p.pad_h, p.pad_w};
+      o.count_include_pad = p.count_include_pad;
+      try {
+        Tensor got =
+            is_max ? opforge::max_pool2d_backward(x, g, o) : opforge::avg_pool2d_backward(x, g, o);
+        expect_close(got, pool2d_backward(dense(x), dense(g), p, is_max), dt,
+                     accum_tol(dt, p.kernel_h * p.kernel_w));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "threw: " << e.what();
+      }
+    }
+}
+
 TEST_P(PoolTest, MaxPoolIgnoresPaddingOfNegativeImages) {
   DType dt = GetParam();
   // every value is negative, so a padded zero must never win
   Tensor x = opforge::sub(random({1, 2, 7, 6}, dt, Data::Unit, "pool negative"), 5.0);
   check_pool(x, pp(3, 3, 2, 2, 1, 1), true, dt, "negative image");
   check_pool(x, pp(3, 3, 1, 1, 1, 1), true, dt, "negative image, stride 1");
+}
+
+// PyTorch's max_pool2d at special values: a window with a NaN gives NaN and its gradient goes to
+// the last NaN; a window of -inf gives -inf and its gradient goes to its first tap; +inf wins.
+TEST_P(PoolTest, MaxPoolNaNAndInfinities) {
+  DType dt = GetParam();
+  const double nan = std::nan(""), inf = INFINITY;
+  // Four 2x2 windows of a 4x4 image: a NaN after a smaller value and before a larger one; all
+  // -inf; two NaNs; +inf twice.
+  Tensor x = Tensor::from_vector<double>({1, nan, -inf, -inf,  //
+                                          9, 2, -inf, -inf,    //
+                                          nan, 1, 3, inf,      //
+                                          2, nan, inf, 5},
+                                         {1, 1, 4, 4})
+                 .to(dt);
+  opforge::Pool2dOptions o;  // 2x2, stride 2
+  std::vector<double> y = opforge::max_pool2d(x, o).to_double_vector();
+  ASSERT_EQ(y.size(), 4u);
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], -inf);
+  EXPECT_TRUE(std::isnan(y[2]));
+  EXPECT_EQ(y[3], inf);
+  Tensor g = Tensor::from_vector<double>({1, 2, 3, 4}, {1, 1, 2, 2}).to(dt);
+  std::vector<double> gx = opforge::max_pool2d_backward(x, g, o).to_double_vector();
+  EXPECT_EQ(gx, (std::vector<double>{0, 1, 2, 0,  //
+                                     0, 0, 0, 0,  //
+                                     0, 0, 0, 4,  //
+                                     0, 3, 0, 0}));
+  expect_close(opforge::max_pool2d_backward(x, g, o),
+               pool2d_backward(dense(x), dense(g), PoolParams{}, true), dt, exact());
 }
 
 TEST_P(PoolTest, NonContiguousInput) {

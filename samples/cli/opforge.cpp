@@ -28,6 +28,7 @@
 #include "peers.hpp"
 #include "scheduler_bench.hpp"
 #include "train.hpp"
+#include "train_bench.hpp"
 
 namespace opforge::cli {
 namespace {
@@ -429,6 +430,62 @@ int run_scheduler_bench(bool json, int repeats, char** argv) {
   return 0;
 }
 
+// Training speed against PyTorch's, and where each step's time goes.
+int run_train_bench(bool json, const std::string& filter, int repeats, const std::string& python,
+                    int64_t batch_size) {
+  TrainBenchOptions o;
+  o.repeats = repeats;
+  o.python = python;
+  o.batch_size = batch_size;
+  if (const char* t = std::getenv("HL_NUM_THREADS")) o.threads = std::atoi(t);
+  std::regex re(filter.empty() ? "." : filter);
+  o.models.erase(
+      std::remove_if(o.models.begin(), o.models.end(),
+                     [&](const std::string& m) { return !std::regex_search("train_" + m, re); }),
+      o.models.end());
+  if (isatty(STDERR_FILENO)) std::cerr << "running the training benchmark...\n";
+  TrainBenchResult r = run_train_bench(o);
+  auto phases = [](const TrainPhases& p) {
+    return Json{{"samples_per_second", p.samples_per_second},
+                {"ms_per_step",
+                 {{"data", p.data_ms},
+                  {"forward", p.forward_ms},
+                  {"backward", p.backward_ms},
+                  {"optimizer", p.optimizer_ms}}}};
+  };
+  if (json) {
+    Json rows = Json::array();
+    for (const TrainBenchRow& row : r.rows)
+      rows.push_back({{"name", "train_" + row.model},
+                      {"steps", row.steps},
+                      {"ours", phases(row.ours)},
+                      {"peer_name", row.peer_name},
+                      {"peer", phases(row.peer)},
+                      {"ratio", row.ratio}});
+    std::cout << Json{{"threads", r.threads}, {"batch_size", r.batch_size}, {"rows", rows}}.dump(2)
+              << '\n';
+    return 0;
+  }
+  Table t(
+      {"name", "who", "samples/s", "data ms", "forward ms", "backward ms", "optimizer ms", "ratio"},
+      {false, false, true, true, true, true, true, true});
+  for (const TrainBenchRow& row : r.rows) {
+    auto add = [&](const std::string& who, const TrainPhases& p, const std::string& ratio) {
+      t.add({"train_" + row.model, who, fixed(p.samples_per_second, 0), fixed(p.data_ms, 3),
+             fixed(p.forward_ms), fixed(p.backward_ms), fixed(p.optimizer_ms), ratio});
+    };
+    add("opforge", row.ours, row.ratio > 0 ? fixed(row.ratio) + "x" : "-");
+    if (row.ratio > 0) add(row.peer_name, row.peer, "");
+  }
+  t.print(std::cout);
+  for (const TrainBenchRow& row : r.rows)
+    if (row.ratio == 0) std::cout << "train_" << row.model << ": " << row.peer_name << "\n";
+  std::cout << "\nSGD (momentum 0.9), batch " << r.batch_size << ", " << r.threads
+            << " threads each; ms per step by phase; medians of " << repeats
+            << " alternated rounds. ratio > 1: opforge trains faster.\n";
+  return 0;
+}
+
 // Rejects a malformed --filter while parsing, so it exits as a bad argument rather than a
 // runtime error.
 const CLI::Validator kRegex(
@@ -469,10 +526,21 @@ int run(int argc, char** argv) {
   bench->add_option("--repeats", repeats, "Timed repeats per benchmark; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  bool scheduler_flag = false;
+  bool scheduler_flag = false, train_flag = false;
+  std::string peer_python;
+  int64_t bench_batch = 128;
   bench->add_flag("--scheduler", scheduler_flag,
                   "Compare device placement policies on two logical CPU devices, one of them "
                   "loaded by another process");
+  bench->add_flag("--train", train_flag,
+                  "Training samples/s of opforge train's models against PyTorch's, with where "
+                  "each step's time goes (PyTorch from .venv: scripts/bench-venv.sh)");
+  bench->add_option(
+      "--python", peer_python,
+      "Python of the PyTorch peer (default: .venv/bin/python, else /usr/bin/python3)");
+  bench->add_option("--batch-size", bench_batch, "Batch size of --train")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   TrainOptions train;
   CLI::App* train_cmd = app.add_subcommand(
@@ -534,6 +602,10 @@ int run(int argc, char** argv) {
       return run_scheduler_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : SchedulerBenchOptions{}.repeats,
           argv);
+    if (*bench && train_flag)
+      return run_train_bench(bench_json_flag, filter,
+                             bench->count("--repeats") ? repeats : TrainBenchOptions{}.repeats,
+                             peer_python, bench_batch);
     if (*bench) return run_bench(bench_json_flag, filter, repeats);
   } catch (const std::exception& e) {  // opforge::Error and whatever the peers throw
     std::cout.flush();

@@ -3,15 +3,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "opforge/dispatch.hpp"
@@ -35,10 +39,19 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, Generator& g) {
         std::make_shared<nn::Linear>(512, 256, true, DType::Float32, g),
         std::make_shared<nn::ReLU>(),
         std::make_shared<nn::Linear>(256, 10, true, DType::Float32, g)});
-  if (name == "cnn")
-    throw Error(
-        "model cnn: its conv2d and max_pool2d layers have no gradient yet (their backward kernels "
-        "are not generated), so it cannot be trained; use --model mlp");
+  if (name == "cnn") {
+    // conv 5x5 32 -> max-pool 2 -> conv 5x5 64 -> max-pool 2 -> linear 128 -> linear 10
+    Pool2dOptions pool2;  // 2x2, stride 2
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Conv2d>(1, 32, 5, Conv2dOptions{}, true, DType::Float32, g),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(pool2),
+        std::make_shared<nn::Conv2d>(32, 64, 5, Conv2dOptions{}, true, DType::Float32, g),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(pool2),
+        std::make_shared<nn::Flatten>(),
+        std::make_shared<nn::Linear>(64 * 4 * 4, 128, true, DType::Float32, g),
+        std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(128, 10, true, DType::Float32, g)});
+  }
   throw Error("unknown model \"" + name + "\"; expected mlp or cnn");
 }
 
@@ -174,6 +187,11 @@ int run_train(const TrainOptions& o) {
       loss.backward();
       opt->step();
       double l = loss.item();
+      // The step already changed the weights; those of the last finished epoch are on disk.
+      OPFORGE_CHECK(std::isfinite(l))
+          << "the loss became " << l << " at step " << b->index + 1 << " of epoch " << epoch + 1
+          << "; training stopped (the weights and metrics of the last finished epoch are kept in "
+          << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
       loss_sum += l * double(b->labels.size(0));
       seen += b->labels.size(0);
       double elapsed = Seconds(std::chrono::steady_clock::now() - start).count();
@@ -200,6 +218,48 @@ int run_train(const TrainOptions& o) {
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;
+}
+
+TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) {
+  OPFORGE_CHECK(steps > 0 && warmup >= 0) << "time_training: steps must be positive";
+  Generator g(o.seed);
+  std::shared_ptr<nn::Module> net = make_model(o.model, g);
+  static const data::FashionMnist fm =
+      data::load_fashion_mnist(o.data.empty() ? data::kFashionMnistDir : o.data);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
+  nn::CrossEntropyLoss criterion(o.label_smoothing);
+  data::DataLoader loader(data::head(fm.train, (steps + warmup) * o.batch_size), o.batch_size, true,
+                          o.seed, true);
+  loader.start_epoch(0);
+  using Clock = std::chrono::steady_clock;
+  double phase[4] = {0, 0, 0, 0};
+  Clock::time_point start;
+  for (int64_t s = 0; s < warmup + steps; s++) {
+    if (s == warmup) {
+      std::fill(std::begin(phase), std::end(phase), 0.0);
+      start = Clock::now();
+    }
+    auto t0 = Clock::now();
+    std::optional<data::Batch> b = loader.next();
+    OPFORGE_CHECK(b) << "time_training: the data ran out at step " << s;
+    auto t1 = Clock::now();
+    Tensor loss = criterion((*net)(b->images), b->labels);
+    auto t2 = Clock::now();
+    loss.backward();
+    auto t3 = Clock::now();
+    opt->step();
+    opt->zero_grad();
+    loss.item();  // waits for whatever is still queued
+    auto t4 = Clock::now();
+    phase[0] += Seconds(t1 - t0).count();
+    phase[1] += Seconds(t2 - t1).count();
+    phase[2] += Seconds(t3 - t2).count();
+    phase[3] += Seconds(t4 - t3).count();
+  }
+  double seconds = Seconds(Clock::now() - start).count();
+  double ms = 1e3 / double(steps);
+  return {double(steps * o.batch_size) / seconds, phase[0] * ms, phase[1] * ms, phase[2] * ms,
+          phase[3] * ms};
 }
 
 int run_eval(const EvalOptions& o) {

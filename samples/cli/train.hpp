@@ -21,6 +21,16 @@ struct TrainOptions {
 };
 int run_train(const TrainOptions& o);
 
+// Training speed and where a step's time goes: `steps` steps of run_train's loop after `warmup`,
+// on the first images of the training set (`opforge bench --train`, against PyTorch's).
+struct TrainTiming {
+  double samples_per_second = 0;
+  // Milliseconds per step: waiting for the batch, forward pass and loss, backward pass, and the
+  // optimiser's step with zero_grad.
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+};
+TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup);
+
 struct EvalOptions {
   std::string weights, data;
   int64_t batch_size = 1000;

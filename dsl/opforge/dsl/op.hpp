@@ -4,6 +4,7 @@
 #pragma once
 #include <Halide.h>
 
+#include <bit>
 #include <boost/hana.hpp>
 #include <stdexcept>
 #include <string>
@@ -131,7 +132,10 @@ struct ElementwiseOp {
   Fn fn;
   int bool_inputs_mask = 0;  // inputs that are always bool (the condition of `where`)
   int outputs = 1;           // how many results fn returns
-  int inout = -1;            // >= 0: the input the (one) result is written into, in place
+  // Inputs written in place (inout buffers), bit i for input i: the results, in input order, are
+  // written into them instead of into buffers of their own (an optimiser step updates a
+  // parameter and its moments).
+  int inout_mask = 0;
   Grad grad = {};
 };
 
@@ -139,7 +143,7 @@ struct ElementwiseOp {
 // gradient that is not zero. Built for the op's floating dtypes only.
 template <class Dtypes, class Fn, class Grad>
 bool has_backward(const ElementwiseOp<Dtypes, Fn, Grad>& op) {
-  return !std::is_same_v<Grad, ZeroGrad> && op.outputs == 1 && op.inout < 0 && op.out == same;
+  return !std::is_same_v<Grad, ZeroGrad> && op.outputs == 1 && op.inout_mask == 0 && op.out == same;
 }
 
 template <class Dtypes, class Fn>
@@ -163,14 +167,22 @@ constexpr auto multi_output(const char* name, int arity, int outputs, Dtypes d, 
 template <class Dtypes, class Fn>
 constexpr auto in_place(const char* name, int arity, int inout, Dtypes d, const char* attrs,
                         Fn fn) {
-  return ElementwiseOp<Dtypes, Fn>{name, arity, d, attrs, same, fn, 0, 1, inout};
+  return ElementwiseOp<Dtypes, Fn>{name, arity, d, attrs, same, fn, 0, 1, 1 << inout};
+}
+// An op that updates several of its inputs in place (the bits of inout_mask): fn returns their new
+// values, in input order. Optimiser steps: a parameter and its state in one pass.
+template <class Dtypes, class Fn>
+constexpr auto updates(const char* name, int arity, int inout_mask, Dtypes d, const char* attrs,
+                       Fn fn) {
+  return ElementwiseOp<Dtypes, Fn>{
+      name, arity, d, attrs, same, fn, 0, std::popcount(unsigned(inout_mask)), inout_mask};
 }
 // The op with another way to its gradient.
 template <class Grad, class Dtypes, class Fn, class G>
 constexpr auto regrad(const ElementwiseOp<Dtypes, Fn, G>& op, Grad grad) {
-  return ElementwiseOp<Dtypes, Fn, Grad>{op.name,  op.arity, op.dtypes,           op.attrs,
-                                         op.out,   op.fn,    op.bool_inputs_mask, op.outputs,
-                                         op.inout, grad};
+  return ElementwiseOp<Dtypes, Fn, Grad>{op.name,       op.arity, op.dtypes,           op.attrs,
+                                         op.out,        op.fn,    op.bool_inputs_mask, op.outputs,
+                                         op.inout_mask, grad};
 }
 // The op with its derivative stated: grad(a, g) returns d out / d in_i * g for each non-bool
 // input i, in input order.
@@ -257,14 +269,33 @@ constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool h
 }
 
 // ---- window: N, C, H, W images; Halide order in(w, h, c, n) ----
+// What a window op computes, and so which buffers its kernel takes (in this order) and what its
+// output's four dimensions are:
+//   conv              in, weight, bias -> out(w, h, co, n)
+//   pool              in               -> out(w, h, c, n)
+//   conv_grad_input   grad, weight     -> out(x, y, ci, n): the gradient of conv's input, a
+//                                         transposed convolution
+//   conv_grad_weight  in, grad         -> out(kx, ky, ci, co): the gradient of conv's weight
+//   pool_grad         in, grad         -> out(x, y, c, n): the gradient of a pool's input
+// The gradient kinds read `grad`, the gradient of the forward op's output, zero outside it.
+enum class WindowKind { conv, pool, conv_grad_input, conv_grad_weight, pool_grad };
+constexpr bool is_gradient(WindowKind k) {
+  return k == WindowKind::conv_grad_input || k == WindowKind::conv_grad_weight ||
+         k == WindowKind::pool_grad;
+}
+
 struct WindowArgs {
-  Func in;                  // in(w, h, c, n), zero outside the image
-  Func weight;              // weight(kw, kh, ci, co), conv only
-  Func bias;                // bias(co), conv only
-  Expr in_w, in_h, in_c;    // input extents
-  Expr out_c;               // output channels (conv: weight's dim 3)
-  Expr kernel_w, kernel_h;  // conv: weight's extents; pool: the kernel_h, kernel_w attributes
-  Halide::Var w, h, c, n;
+  Func in;                // in(w, h, c, n), zero outside the image (not conv_grad_input)
+  Func weight;            // weight(kw, kh, ci, co): conv, conv_grad_input
+  Func bias;              // bias(co): conv
+  Func grad;              // grad(wo, ho, co, n), zero outside it: the gradient kinds
+  Func grad_inside;       // the same without the zero border, for reads that stay inside it
+  Expr in_w, in_h, in_c;  // in's extents
+  Expr grad_w, grad_h, grad_c, grad_n;  // grad's extents
+  Expr out_c;                           // weight's dim 3: conv's output channels
+  Expr group_c;                         // weight's dim 2: conv's input channels per group
+  Expr kernel_w, kernel_h;              // weight's extents, or the kernel_h, kernel_w attributes
+  Halide::Var w, h, c, n;               // the output's dimensions, innermost first
   Attrs attr;
   Type type;
   // True where (x, y) lies inside the unpadded image.
@@ -272,8 +303,6 @@ struct WindowArgs {
     return x >= 0 && x < in_w && y >= 0 && y < in_h;
   }
 };
-
-enum class WindowKind { conv, pool };
 
 template <class Dtypes, class Fn>
 struct WindowOp {

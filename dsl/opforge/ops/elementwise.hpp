@@ -287,6 +287,39 @@ inline const auto elementwise_ops = hana::make_tuple(
                    return std::vector<Expr>{detail::sin_of(a[0]), detail::cos_of(a[0])};
                  }),
     in_place("axpy_", 2, 0, floats, "alpha",
-             [](const EwArgs& a) { return a[0] + a.attr["alpha"] * a[1]; }));
+             [](const EwArgs& a) { return a[0] + a.attr["alpha"] * a[1]; }),
+    // Optimiser steps: a parameter and its state updated in one pass, by PyTorch's rules (its
+    // torch/optim/{sgd,adam,adamw}.py). Inputs: the parameter, its gradient, then its state; the
+    // runtime passes the step's scalars, Adam's bias corrections among them.
+    updates("sgd_", 2, 0b1, floats, "lr,weight_decay",
+            [](const EwArgs& a) {
+              return std::vector<Expr>{a[0] -
+                                       a.attr["lr"] * (a[1] + a.attr["weight_decay"] * a[0])};
+            }),
+    // The momentum buffer starts as the first step's gradient (`first`), then
+    // buf = momentum * buf + (1 - dampening) * d; Nesterov steps along d + momentum * buf.
+    updates(
+        "sgd_momentum_", 3, 0b101, floats, "lr,momentum,dampening,weight_decay,nesterov:i,first:i",
+        [](const EwArgs& a) {
+          Expr d = a[1] + a.attr["weight_decay"] * a[0], mom = a.attr["momentum"];
+          Expr buf =
+              Halide::select(a.attr["first"] != 0, d, mom * a[2] + (1 - a.attr["dampening"]) * d);
+          Expr step = Halide::select(a.attr["nesterov"] != 0, d + mom * buf, buf);
+          return std::vector<Expr>{a[0] - a.attr["lr"] * step, buf};
+        }),
+    // Adam (weight decay added to the gradient) or AdamW (`decoupled`: the parameter decays by
+    // lr * weight_decay first); bias_correction1/2 are 1 - beta^step.
+    updates("adam_", 4, 0b1101, floats,
+            "lr,beta1,beta2,eps,weight_decay,decoupled:i,bias_correction1,bias_correction2",
+            [](const EwArgs& a) {
+              Expr decoupled = a.attr["decoupled"] != 0, lr = a.attr["lr"],
+                   wd = a.attr["weight_decay"], b1 = a.attr["beta1"], b2 = a.attr["beta2"];
+              Expr g = Halide::select(decoupled, a[1], a[1] + wd * a[0]);
+              Expr p = Halide::select(decoupled, a[0] * (1 - lr * wd), a[0]);
+              Expr m = b1 * a[2] + (1 - b1) * g, v = b2 * a[3] + (1 - b2) * g * g;
+              Expr denom =
+                  Halide::sqrt(v) / Halide::sqrt(a.attr["bias_correction2"]) + a.attr["eps"];
+              return std::vector<Expr>{p - lr / a.attr["bias_correction1"] * m / denom, m, v};
+            }));
 
 }  // namespace opforge::ops

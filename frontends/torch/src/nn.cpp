@@ -132,6 +132,23 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
   if (with_bias) bias = register_parameter("bias", uniform({out_channels}, bound, dtype, g));
 }
 
+ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                                 const ConvTranspose2dOptions& options, bool with_bias, DType dtype,
+                                 Generator& g)
+    : options_(options) {
+  OPFORGE_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.groups > 0 &&
+                in_channels % options.groups == 0 && out_channels % options.groups == 0)
+      << "ConvTranspose2d: channels " << in_channels << " -> " << out_channels << ", kernel "
+      << kernel_size << " and groups " << options.groups << " do not fit together";
+  // PyTorch takes the fan-in from the weight's dim 1, here the output channels per group.
+  int64_t fan_in = out_channels / options.groups * kernel_size * kernel_size;
+  double bound = 1 / std::sqrt(double(fan_in));
+  weight = register_parameter(
+      "weight", uniform({in_channels, out_channels / options.groups, kernel_size, kernel_size},
+                        bound, dtype, g));
+  if (with_bias) bias = register_parameter("bias", uniform({out_channels}, bound, dtype, g));
+}
+
 Dropout::Dropout(double p, Generator& g) : p_(p), g_(&g) {
   OPFORGE_CHECK(p >= 0 && p <= 1) << "Dropout: probability " << p << " is not in [0, 1]";
 }

@@ -1,5 +1,5 @@
-// The optimisers' update rules, written as torch.optim's reference (single-tensor, for-loop)
-// implementations are.
+// The optimisers: their state, and each step as one generated kernel per parameter that updates
+// the parameter and its state in place (opforge::sgd_step_, sgd_momentum_step_, adam_step_).
 #include "opforge/torch/optim.hpp"
 
 #include <algorithm>
@@ -104,6 +104,7 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
       << "SGD: Nesterov momentum needs momentum > 0 and dampening 0";
 }
 
+// Each parameter's update is one generated kernel (opforge::sgd_step_, sgd_momentum_step_).
 void SGD::step() {
   autograd::NoGradGuard no_grad;
   step_++;
@@ -111,19 +112,15 @@ void SGD::step() {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (o_.weight_decay != 0) g = add(g, mul(p, o_.weight_decay));
-    if (o_.momentum != 0) {
-      // The first step's buffer is the gradient itself (torch.optim.SGD), then it decays.
-      const bool first =
-          buffers_["momentum_buffer"].size() <= i || !buffers_["momentum_buffer"][i].defined();
-      Tensor& buf = buffer("momentum_buffer", i);
-      if (first)
-        buf.copy_(g);
-      else
-        buf.mul_(o_.momentum).add_(g, 1 - o_.dampening);
-      g = o_.nesterov ? add(g, mul(buf, o_.momentum)) : buf;
+    if (o_.momentum == 0) {
+      sgd_step_(p, g, lr_, o_.weight_decay);
+      continue;
     }
-    p.add_(g, -lr_);
+    // The first step's buffer is the gradient itself (torch.optim.SGD), then it decays.
+    const bool first =
+        buffers_["momentum_buffer"].size() <= i || !buffers_["momentum_buffer"][i].defined();
+    sgd_momentum_step_(p, g, buffer("momentum_buffer", i), lr_, o_.momentum, o_.dampening,
+                       o_.weight_decay, o_.nesterov, first);
   }
 }
 
@@ -135,27 +132,16 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
   OPFORGE_CHECK(o.eps >= 0 && o.weight_decay >= 0) << "Adam: eps and weight_decay must be >= 0";
 }
 
+// Each parameter's update is one generated kernel (opforge::adam_step_).
 void Adam::step() {
   autograd::NoGradGuard no_grad;
   step_++;
-  const double bc1 = 1 - std::pow(o_.beta1, double(step_)),
-               bc2 = 1 - std::pow(o_.beta2, double(step_));
   for (size_t i = 0; i < params_.size(); i++) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (o_.weight_decay != 0) {
-      if (decoupled_)
-        p.mul_(1 - lr_ * o_.weight_decay);
-      else
-        g = add(g, mul(p, o_.weight_decay));
-    }
-    Tensor& m = buffer("exp_avg", i);
-    Tensor& v = buffer("exp_avg_sq", i);
-    m.mul_(o_.beta1).add_(g, 1 - o_.beta1);
-    v.mul_(o_.beta2).add_(mul(g, g), 1 - o_.beta2);
-    Tensor denom = add(div(sqrt(v), std::sqrt(bc2)), o_.eps);
-    p.add_(div(m, denom), -lr_ / bc1);
+    adam_step_(p, g, buffer("exp_avg", i), buffer("exp_avg_sq", i), lr_, o_.beta1, o_.beta2, o_.eps,
+               o_.weight_decay, decoupled_, step_);
   }
 }
 

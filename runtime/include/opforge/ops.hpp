@@ -35,17 +35,18 @@ std::vector<Tensor> elementwise_results(const std::string& op, const std::vector
 // returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
 // the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                                 \
-  X(neg)                                                                                     \
-  X(abs)                                                                                     \
-  X(exp)                                                                                     \
-  X(log)                                                                                     \
-  X(log1p)                                                                                   \
-  X(expm1)                                                                                   \
-  X(sqrt)                                                                                    \
-  X(rsqrt)                                                                                   \
-  X(reciprocal) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) \
-      X(ceil) X(round) X(sign) X(logical_not)
+#define OPFORGE_UNARY_OPS(X)                                                                    \
+  X(neg)                                                                                        \
+  X(abs)                                                                                        \
+  X(exp)                                                                                        \
+  X(log)                                                                                        \
+  X(log1p)                                                                                      \
+  X(expm1)                                                                                      \
+  X(sqrt)                                                                                       \
+  X(rsqrt)                                                                                      \
+  X(reciprocal)                                                                                 \
+  X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) \
+      X(sign) X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) \
   Tensor name(const Tensor& x);     \
   Tensor name##_out(const Tensor& out, const Tensor& x);
@@ -132,6 +133,42 @@ struct Pool2dOptions {
 };
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
+// PyTorch's conv_transpose2d: weight (in_channels, out_channels/groups, kH, kW); the output is
+// (N, out_channels, (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1,
+// ...).
+struct ConvTranspose2dOptions : Conv2dOptions {
+  std::array<int64_t, 2> output_padding{0, 0};  // smaller than the stride
+};
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                        const ConvTranspose2dOptions& o = {});
+// The gradients of the window ops, each a generated op of its own (autograd calls them): of
+// conv2d's input (a transposed convolution of the output's gradient; input_shape is the input's
+// NCHW shape) and weight (weight_shape: (out_channels, in_channels/groups, kH, kW)), and of a
+// pool's input, given that input and the gradient of the pool's output.
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dOptions& o = {});
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad, const Shape& weight_shape,
+                              const Conv2dOptions& o = {});
+Tensor max_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o);
+Tensor avg_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o);
+
+// ---- optimiser steps: one generated kernel updates a parameter and its state in place ----
+// PyTorch's update rules (torch.optim.SGD, Adam, AdamW) for one parameter: every state tensor has
+// the parameter's shape and dtype (a floating one); the gradient has its shape. Run without
+// recording, as torch.optim's steps run under no_grad.
+// param -= lr * (grad + weight_decay * param)
+void sgd_step_(const Tensor& param, const Tensor& grad, double lr, double weight_decay = 0);
+// With a momentum buffer: on the first step (first_step) the buffer becomes d = grad +
+// weight_decay * param, afterwards momentum * buffer + (1 - dampening) * d; the parameter moves by
+// -lr times the buffer, or with Nesterov by -lr * (d + momentum * buffer).
+void sgd_momentum_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                        double lr, double momentum, double dampening, double weight_decay,
+                        bool nesterov, bool first_step);
+// Adam (decoupled_weight_decay false) or AdamW (true) at step `step` (1 for the first), with its
+// two moments.
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
+                double weight_decay, bool decoupled_weight_decay, int64_t step);
 
 // ---- movement ----
 Tensor concat(const std::vector<Tensor>& xs, int axis = 0);

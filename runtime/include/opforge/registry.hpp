@@ -43,9 +43,9 @@ struct KernelGroup {
 
 struct OpInfo {
   std::string name, family;
-  int num_inputs = 0;   // buffers the kernels read: role input or inout
-  int num_outputs = 0;  // buffers they only write: role output
-  int inout = -1;       // the input that is written in place, -1 if none
+  int num_inputs = 0;       // buffers the kernels read: role input or inout
+  int num_outputs = 0;      // buffers they only write: role output
+  uint32_t inout_mask = 0;  // the inputs written in place (bit i: input i)
   int flags = 0;
   std::vector<AttrInfo> attrs;
   std::map<std::string, KernelGroup> groups;  // by dtype key

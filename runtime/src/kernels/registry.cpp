@@ -123,7 +123,7 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       op.attrs = parse_attr_spec(k.attrs);
       for (int b = 0; b < k.num_buffers; b++) {
         BufferRole role = k.buffers[b].role;
-        if (role == BufferRole::inout) op.inout = op.num_inputs;
+        if (role == BufferRole::inout) op.inout_mask |= 1u << op.num_inputs;
         if (reads(role))
           op.num_inputs++;
         else

@@ -1,5 +1,6 @@
 // Elementwise family: dtype promotion, NumPy broadcasting by stride-0 views, and the collapse of
 // any N-d call onto at most six strided dims.
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <functional>
@@ -61,12 +62,14 @@ bool writes_directly(const Tensor& out, DType dtype, std::span<const Tensor> in,
 }
 
 // Launches the kernel over `in` (already at the kernel's dtypes) writing `results` (or, for an
-// inout op, in[inout]), all of `shape`. Returns false, launching nothing, when a written tensor
-// cannot be the kernel's output as it is: its innermost collapsed dimension is not unit-strided
-// (the kernels store vectors) or it does not collapse onto six dims. Allocates nothing.
+// op with inout buffers, the inputs in inout_mask), all of `shape`. Returns false, launching
+// nothing, when a written tensor cannot be the kernel's output as it is: its innermost collapsed
+// dimension is not unit-strided (the kernels store vectors) or it does not collapse onto six dims.
+// Allocates nothing.
 bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const Tensor> in,
-                        std::span<const double> attrs, const Shape& shape, size_t inout,
+                        std::span<const double> attrs, const Shape& shape, uint32_t inout_mask,
                         std::span<const Tensor> results) {
+  auto is_inout = [&](size_t i) { return (inout_mask >> i) & 1; };
   // Inputs of the result's shape are used as they are; the others as broadcast (stride-0) views.
   TensorList expanded;
   std::array<const Tensor*, kMaxKernelBuffers> src;
@@ -89,21 +92,22 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const 
   if (!collapse(shape, st, vs)) {
     // More than six independent strides: materialise the inputs, which then collapse further.
     for (size_t i = 0; i < in.size(); i++)
-      if (i != inout) {
+      if (!is_inout(i)) {
         expanded.push_back(src[i]->contiguous());
         src[i] = &expanded[expanded.size() - 1];
         strides[i] = &src[i]->strides();
       }
     if (!collapse(shape, st, vs)) return false;
   }
-  const size_t first_out = inout < in.size() ? inout : in.size();
-  if (views[first_out].stride[0] != 1) return false;
+  const size_t first_out = inout_mask ? size_t(std::countr_zero(inout_mask)) : in.size();
+  for (size_t i = 0; i < in.size(); i++)
+    if (is_inout(i) && views[i].stride[0] != 1) return false;
   for (size_t k = 0; k < results.size(); k++)
     if (views[in.size() + k].stride[0] != 1) return false;
   KernelArgs args;
   for (size_t i = 0; i < in.size(); i++) {
     View& v = views[i].bind(*src[i]);
-    if (i == inout)
+    if (is_inout(i))
       args.inout(std::move(v));
     else
       args.input(std::move(v));
@@ -122,7 +126,7 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const 
 // The caller has checked the op's family and input count (check_call).
 bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<const double> attrs,
                TensorList& results) {
-  if (op.inout >= 0 || in.empty()) return false;
+  if (op.inout_mask || in.empty()) return false;
   for (const Tensor* t : in)
     if (!t->defined()) return false;
   const KernelGroup* g =
@@ -157,9 +161,9 @@ void check_call(const OpInfo& op, size_t inputs, size_t outs) {
 }
 
 // The general path, after check_call: any dtypes, broadcasting, out=, in-place buffers. `outs`:
-// tensors to write the results into (out=), or empty to allocate them. An op with an inout buffer
-// writes its result into that input, which must already have the broadcast shape. Returns the
-// results (for an inout op, the written input). On a known shape bucket nothing is allocated but
+// tensors to write the results into (out=), or empty to allocate them. An op with inout buffers
+// writes its results into those inputs, which must already have the broadcast shape. Returns the
+// results (for an inout op, the written inputs). On a known shape bucket nothing is allocated but
 // the results.
 TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
                        std::span<const double> attrs, std::span<const Tensor> outs) {
@@ -168,13 +172,19 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
     OPFORGE_CHECK(in[i].defined()) << op.name << ": input " << i << " is undefined";
   const KernelGroup& g =
       resolve_group(op, compute_dtype(op, in.size(), [&](size_t i) { return in[i].dtype(); }));
-  const size_t inout = op.inout < 0 ? in.size() : size_t(op.inout);
-  if (inout < in.size()) {
-    OPFORGE_CHECK(in[inout].dtype() == g.in_dtype)
-        << op.name << ": input " << inout << " is written in place, but it is "
-        << dtype_name(in[inout].dtype()) << " and the op computes in " << dtype_name(g.in_dtype)
+  const uint32_t inout = op.inout_mask;
+  auto is_inout = [&](size_t i) { return (inout >> i) & 1; };
+  for (size_t i = 0; i < in.size(); i++) {
+    if (!is_inout(i)) continue;
+    OPFORGE_CHECK(in[i].dtype() == g.in_dtype)
+        << op.name << ": input " << i << " is written in place, but it is "
+        << dtype_name(in[i].dtype()) << " and the op computes in " << dtype_name(g.in_dtype)
         << " here; convert it first";
-    begin_write(op.name.c_str(), in[inout]);
+    for (size_t j = 0; j < i; j++)
+      OPFORGE_CHECK(!is_inout(j) || !may_overlap(in[i], in[j]))
+          << op.name << ": inputs " << j << " and " << i
+          << " are both written in place and share memory";
+    begin_write(op.name.c_str(), in[i]);
   }
   for (size_t i = 0; i < in.size(); i++) {
     DType want = kernel_dtype(op, g, i);
@@ -196,21 +206,28 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
           << op.name << ": outputs " << j << " and " << k << " share memory";
   }
 
-  if (inout < in.size()) {
-    Tensor target = in[inout];
-    OPFORGE_CHECK(target.shape() == shape)
-        << op.name << ": input " << inout << " of shape " << shape_str(target.shape())
-        << " is written in place, but the inputs broadcast to " << shape_str(shape);
-    if (target.numel() == 0) return TensorList({target});
-    if (writes_directly(target, g.in_dtype, in.span(), inout) &&
-        launch_elementwise(op, g, in.span(), attrs, shape, inout, {}))
-      return TensorList({target});
+  if (inout) {
+    TensorList targets;
+    bool direct = true;
+    for (size_t i = 0; i < in.size(); i++) {
+      if (!is_inout(i)) continue;
+      OPFORGE_CHECK(in[i].shape() == shape)
+          << op.name << ": input " << i << " of shape " << shape_str(in[i].shape())
+          << " is written in place, but the inputs broadcast to " << shape_str(shape);
+      direct = direct && writes_directly(in[i], g.in_dtype, in.span(), i);
+      targets.push_back(in[i]);
+    }
+    if (shape_numel(shape) == 0) return targets;
+    if (direct && launch_elementwise(op, g, in.span(), attrs, shape, inout, {})) return targets;
     // A view another input partly overlaps, or one the kernel cannot write as it is: computed
-    // on a dense copy, then written back.
-    in[inout] = target.is_contiguous() ? target.clone() : target.contiguous();
+    // on dense copies, then written back.
+    for (size_t i = 0; i < in.size(); i++)
+      if (is_inout(i)) in[i] = in[i].is_contiguous() ? in[i].clone() : in[i].contiguous();
     launch_elementwise(op, g, in.span(), attrs, shape, inout, {});
-    copy_into(target, in[inout]);
-    return TensorList({target});
+    size_t k = 0;
+    for (size_t i = 0; i < in.size(); i++)
+      if (is_inout(i)) copy_into(targets[k++], in[i]);
+    return targets;
   }
 
   bool direct = !outs.empty();
@@ -322,9 +339,11 @@ autograd::BackwardFn elementwise_formula(const OpInfo& op, std::span<const Tenso
 // result's history.
 TensorList run_recorded(const OpInfo& op, std::span<const Tensor> inputs,
                         std::span<const double> attrs, std::span<const Tensor> outs) {
-  OPFORGE_CHECK(op.inout < 0) << op.name << " writes input " << op.inout
-                              << " in place and records no gradient, and an input requires one; "
-                                 "compose it from out-of-place ops (add, mul)";
+  OPFORGE_CHECK(op.inout_mask == 0)
+      << op.name
+      << " writes inputs in place and records no gradient, and an input requires one; compose it "
+         "from out-of-place ops (add, mul), or run it under autograd::NoGradGuard (as an "
+         "optimiser step does)";
   if (op.num_outputs != 1) autograd::no_gradient(op.name, "it has several results");
   if (!outs.empty()) {
     const Tensor& self = outs[0];

@@ -1,5 +1,7 @@
-// Window family: NCHW convolution and pooling. The runtime checks the geometry and sizes the
-// output; the kernels read it from the output buffer.
+// Window family: NCHW convolution and pooling, and their gradients (generated window ops of their
+// own: conv2d_backward_input, which is also conv_transpose2d, conv2d_backward_weight and the pools'
+// backward ops). The runtime checks the geometry and sizes the output; the kernels read it from
+// the output buffer.
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
@@ -25,14 +27,90 @@ void check_positive(const char* op, const std::array<int64_t, 2>& v, const char*
                                             << ", got (" << v[0] << ", " << v[1] << ")";
 }
 
-Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool avg) {
-  const OpInfo& op = op_info(name);
-  OPFORGE_CHECK(x_in.defined() && x_in.dim() == 4)
-      << name << ": input must be 4-D NCHW, got shape "
-      << (x_in.defined() ? shape_str(x_in.shape()) : "undefined");
-  const KernelGroup& g =
-      op.group(std::string(dtype_name(is_floating(x_in.dtype()) ? x_in.dtype() : DType::Float32)));
-  Tensor x = x_in.to(g.in_dtype).contiguous();
+void check_image(const char* op, const Tensor& t, const char* what, const char* layout) {
+  OPFORGE_CHECK(t.defined() && t.dim() == 4)
+      << op << ": " << what << " must be 4-D " << layout << ", got shape "
+      << (t.defined() ? shape_str(t.shape()) : "undefined");
+}
+
+void check_shape(const char* op, const Tensor& t, const char* what, const Shape& want) {
+  OPFORGE_CHECK(t.shape() == want) << op << ": " << what << " has shape " << shape_str(t.shape())
+                                   << ", expected " << shape_str(want);
+}
+
+// The kernels of a window op at the dtype its inputs promote to (float32 for integers).
+const KernelGroup& window_group(const OpInfo& op, DType d) {
+  return op.group(std::string(dtype_name(is_floating(d) ? d : DType::Float32)));
+}
+
+// A convolution's sizes: x (N, C, H, W) * w (OC, C / groups, KH, KW) -> (N, OC, OH, OW).
+struct ConvGeometry {
+  int64_t N, C, H, W, OC, KH, KW, OH, OW;
+  Shape out() const { return {N, OC, OH, OW}; }
+};
+ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, const Conv2dOptions& o) {
+  OPFORGE_CHECK(w.size() == 4) << op
+                               << ": weight must be 4-D (out_channels, in_channels/groups, kH, "
+                                  "kW), got shape "
+                               << shape_str(w);
+  ConvGeometry g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], 0, 0};
+  OPFORGE_CHECK(o.groups >= 1 && g.C % o.groups == 0 && g.OC % o.groups == 0)
+      << op << ": groups=" << o.groups << " must divide both the input channels (" << g.C
+      << ") and the output channels (" << g.OC << ")";
+  OPFORGE_CHECK(w[1] * o.groups == g.C)
+      << op << ": weight " << shape_str(w) << " expects " << w[1] * o.groups
+      << " input channels (in_channels/groups = " << w[1] << ", groups = " << o.groups
+      << "), input " << shape_str(x) << " has " << g.C;
+  check_positive(op, o.stride, "stride", 1);
+  check_positive(op, o.dilation, "dilation", 1);
+  check_positive(op, o.padding, "padding", 0);
+  g.OH = out_size(op, g.H, g.KH, o.stride[0], o.padding[0], o.dilation[0], "height");
+  g.OW = out_size(op, g.W, g.KW, o.stride[1], o.padding[1], o.dilation[1], "width");
+  return g;
+}
+
+void conv_attrs(KernelArgs& args, const OpInfo& op, const Conv2dOptions& o) {
+  args.attrs(op,
+             {double(o.stride[0]), double(o.stride[1]), double(o.padding[0]), double(o.padding[1]),
+              double(o.dilation[0]), double(o.dilation[1]), double(o.groups)});
+}
+
+// Runs one of conv2d's gradient ops on its two inputs (in the kernel's order) into a result of
+// `shape`: conv2d_backward_input (grad, weight) -> the input's shape, conv2d_backward_weight
+// (input, grad) -> the weight's. The kernels read grad as zero outside it, so it may be smaller
+// than the convolution's output (conv_transpose2d's output_padding).
+Tensor conv_grad_kernel(const OpInfo& op, const Tensor& a_in, const Tensor& b_in,
+                        const Shape& shape, const Conv2dOptions& o) {
+  const KernelGroup& g = window_group(op, promote(a_in.dtype(), b_in.dtype()));
+  Tensor a = a_in.to(g.in_dtype).contiguous(), b = b_in.to(g.in_dtype).contiguous();
+  if (shape_numel(shape) == 0) return place_like(Tensor::empty(shape, g.out_dtype), {a, b});
+  if (a.numel() == 0 || b.numel() == 0)  // an empty sum
+    return place_like(Tensor::zeros(shape, g.out_dtype), {a, b});
+  Tensor out = Tensor::empty(shape, g.out_dtype);
+  KernelArgs args;
+  args.input(view_of(a));
+  args.input(view_of(b));
+  conv_attrs(args, op, o);
+  args.output(view_of(out));
+  launch(g, extents({shape[3], shape[2], shape[1], shape[0]}), std::move(args));
+  return out;
+}
+Tensor grad_input_kernel(const Tensor& grad, const Tensor& w, const Shape& input,
+                         const Conv2dOptions& o) {
+  return conv_grad_kernel(OPFORGE_OP("conv2d_backward_input"), grad, w, input, o);
+}
+Tensor grad_weight_kernel(const Tensor& x, const Tensor& grad, const Shape& weight,
+                          const Conv2dOptions& o) {
+  return conv_grad_kernel(OPFORGE_OP("conv2d_backward_weight"), x, grad, weight, o);
+}
+
+// A pool's sizes, with the stride resolved (0: the kernel size).
+struct PoolGeometry {
+  std::array<int64_t, 2> stride;
+  Shape out;
+};
+PoolGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
+  check_image(name, x, "input", "NCHW");
   auto stride = o.stride;
   if (stride[0] == 0) stride[0] = o.kernel[0];
   if (stride[1] == 0) stride[1] = o.kernel[1];
@@ -42,83 +120,202 @@ Tensor pool(const char* name, const Tensor& x_in, const Pool2dOptions& o, bool a
   OPFORGE_CHECK(o.padding[0] * 2 <= o.kernel[0] && o.padding[1] * 2 <= o.kernel[1])
       << name << ": padding must be at most half the kernel size, got padding (" << o.padding[0]
       << ", " << o.padding[1] << ") for kernel (" << o.kernel[0] << ", " << o.kernel[1] << ")";
-  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  int64_t OH = out_size(name, H, o.kernel[0], stride[0], o.padding[0], 1, "height");
-  int64_t OW = out_size(name, W, o.kernel[1], stride[1], o.padding[1], 1, "width");
-  Tensor out = Tensor::empty({N, C, OH, OW}, g.out_dtype);
+  int64_t OH = out_size(name, x.size(2), o.kernel[0], stride[0], o.padding[0], 1, "height");
+  int64_t OW = out_size(name, x.size(3), o.kernel[1], stride[1], o.padding[1], 1, "width");
+  return {stride, {x.size(0), x.size(1), OH, OW}};
+}
+
+// Runs a pool (grad undefined) or its gradient (the result has x's shape).
+Tensor pool_kernel(const char* name, const Tensor& x_in, const Tensor& grad_in,
+                   const Pool2dOptions& o, bool avg) {
+  const OpInfo& op = op_info(name);
+  PoolGeometry geo = pool_geometry(name, x_in, o);
+  bool backward = grad_in.defined();
+  if (backward) check_shape(name, grad_in, "the gradient", geo.out);
+  const KernelGroup& g = window_group(op, x_in.dtype());
+  Tensor x = x_in.to(g.in_dtype).contiguous();
+  Shape out_shape = backward ? x.shape() : geo.out;
+  Tensor out = Tensor::empty(out_shape, g.out_dtype);
   if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
   args.input(view_of(x));
-  AttrValues attrs = {double(o.kernel[0]), double(o.kernel[1]),  double(stride[0]),
-                      double(stride[1]),   double(o.padding[0]), double(o.padding[1])};
+  Tensor grad;
+  if (backward) {
+    grad = grad_in.to(g.in_dtype).contiguous();
+    args.input(view_of(grad));
+  }
+  AttrValues attrs = {double(o.kernel[0]),   double(o.kernel[1]),  double(geo.stride[0]),
+                      double(geo.stride[1]), double(o.padding[0]), double(o.padding[1])};
   if (avg) attrs.push_back(o.count_include_pad ? 1 : 0);
   args.attrs(op, attrs);
   args.output(view_of(out));
-  launch(g, extents({OW, OH, C, N}), std::move(args));
+  launch(g, extents({out_shape[3], out_shape[2], out_shape[1], out_shape[0]}), std::move(args));
   return out;
+}
+
+// A pool recorded for autograd: its gradient is the pool's backward op on the saved input.
+Tensor pool(const char* name, const char* backward, const Tensor& x, const Pool2dOptions& o,
+            bool avg) {
+  return autograd::differentiable(
+      name, {x}, [&] { return pool_kernel(name, x, {}, o, avg); },
+      [&](const Tensor&) {
+        return
+            [sx = autograd::SavedTensor(x), name, backward, o, avg](const std::vector<Tensor>& g) {
+              Tensor x = sx.unpack(name);
+              return std::vector<Tensor>{pool_kernel(backward, x, g[0], o, avg).to(x.dtype())};
+            };
+      });
+}
+
+// The gradients an op's backward needs: an Error if one of them asks for a gradient itself (a
+// second derivative, which these ops do not record).
+void check_first_order(const char* op, std::initializer_list<Tensor> in) {
+  autograd::check_no_grad_needed(op, std::span<const Tensor>(in.begin(), in.size()),
+                                 "second derivatives of window ops are not recorded");
 }
 
 }  // namespace
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias_in,
               const Conv2dOptions& o) {
-  static const OpInfo& op = op_info("conv2d");
-  {
-    const Tensor in[] = {x_in, w_in, bias_in};
-    autograd::check_no_grad_needed("conv2d", in,
-                                   "conv2d_backward_input and conv2d_backward_weight are not "
-                                   "generated yet");
+  if (autograd::wants_grad({x_in, w_in, bias_in})) {
+    std::vector<Tensor> in = {x_in, w_in};
+    if (bias_in.defined()) in.push_back(bias_in);
+    return autograd::differentiable(
+        "conv2d", std::span<const Tensor>(in), [&] { return conv2d(x_in, w_in, bias_in, o); },
+        [&](const Tensor&) {
+          // Only the gradients some input asks for: the first layer's input (the data) needs
+          // none, and its gradient would be a whole transposed convolution.
+          bool need_x = x_in.requires_grad(), need_w = w_in.requires_grad(),
+               need_b = bias_in.defined() && bias_in.requires_grad(), has_b = bias_in.defined();
+          return [sx = need_w ? autograd::SavedTensor(x_in) : autograd::SavedTensor(),
+                  sw = need_x ? autograd::SavedTensor(w_in) : autograd::SavedTensor(),
+                  xs = x_in.shape(), ws = w_in.shape(), xd = x_in.dtype(), wd = w_in.dtype(),
+                  bd = has_b ? bias_in.dtype() : DType::Float32, o, need_x, need_w, need_b,
+                  has_b](const std::vector<Tensor>& g) {
+            std::vector<Tensor> grads(has_b ? 3 : 2);
+            if (need_x) grads[0] = grad_input_kernel(g[0], sw.unpack("conv2d"), xs, o).to(xd);
+            if (need_w) grads[1] = grad_weight_kernel(sx.unpack("conv2d"), g[0], ws, o).to(wd);
+            if (need_b) grads[2] = sum(g[0], {0, 2, 3}).to(bd);
+            return grads;
+          };
+        });
   }
-  OPFORGE_CHECK(x_in.defined() && x_in.dim() == 4)
-      << "conv2d: input must be 4-D NCHW, got shape "
-      << (x_in.defined() ? shape_str(x_in.shape()) : "undefined");
-  OPFORGE_CHECK(w_in.defined() && w_in.dim() == 4)
-      << "conv2d: weight must be 4-D (out_channels, in_channels/groups, kH, kW), got shape "
-      << (w_in.defined() ? shape_str(w_in.shape()) : "undefined");
-  DType d = promote(x_in.dtype(), w_in.dtype());
-  const KernelGroup& g = op.group(std::string(dtype_name(is_floating(d) ? d : DType::Float32)));
+  const OpInfo& op = OPFORGE_OP("conv2d");
+  check_image("conv2d", x_in, "input", "NCHW");
+  OPFORGE_CHECK(w_in.defined()) << "conv2d: the weight is undefined";
+  ConvGeometry geo = conv_geometry("conv2d", x_in.shape(), w_in.shape(), o);
+  const KernelGroup& g = window_group(op, promote(x_in.dtype(), w_in.dtype()));
   Tensor x = x_in.to(g.in_dtype).contiguous(), w = w_in.to(g.in_dtype).contiguous();
-  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  int64_t OC = w.size(0), KH = w.size(2), KW = w.size(3);
-  OPFORGE_CHECK(o.groups >= 1 && C % o.groups == 0 && OC % o.groups == 0)
-      << "conv2d: groups=" << o.groups << " must divide both the input channels (" << C
-      << ") and the output channels (" << OC << ")";
-  OPFORGE_CHECK(w.size(1) * o.groups == C)
-      << "conv2d: weight " << shape_str(w.shape()) << " expects " << w.size(1) * o.groups
-      << " input channels (in_channels/groups = " << w.size(1) << ", groups = " << o.groups
-      << "), input " << shape_str(x.shape()) << " has " << C;
-  check_positive("conv2d", o.stride, "stride", 1);
-  check_positive("conv2d", o.dilation, "dilation", 1);
-  check_positive("conv2d", o.padding, "padding", 0);
-  int64_t OH = out_size("conv2d", H, KH, o.stride[0], o.padding[0], o.dilation[0], "height");
-  int64_t OW = out_size("conv2d", W, KW, o.stride[1], o.padding[1], o.dilation[1], "width");
   Tensor bias =
-      bias_in.defined() ? bias_in.to(g.in_dtype).contiguous() : Tensor::zeros({OC}, g.in_dtype);
-  OPFORGE_CHECK(bias.dim() == 1 && bias.size(0) == OC)
-      << "conv2d: bias has shape " << shape_str(bias.shape()) << ", expected [" << OC << "]";
-  Tensor out = Tensor::empty({N, OC, OH, OW}, g.out_dtype);
+      bias_in.defined() ? bias_in.to(g.in_dtype).contiguous() : Tensor::zeros({geo.OC}, g.in_dtype);
+  OPFORGE_CHECK(bias.dim() == 1 && bias.size(0) == geo.OC)
+      << "conv2d: bias has shape " << shape_str(bias.shape()) << ", expected [" << geo.OC << "]";
+  Tensor out = Tensor::empty(geo.out(), g.out_dtype);
   if (out.numel() == 0) return place_like(out, {x});
   KernelArgs args;
   args.input(view_of(x));
   args.input(view_of(w));
   args.input(view_of(bias));
-  args.attrs(op,
-             {double(o.stride[0]), double(o.stride[1]), double(o.padding[0]), double(o.padding[1]),
-              double(o.dilation[0]), double(o.dilation[1]), double(o.groups)});
+  conv_attrs(args, op, o);
   args.output(view_of(out));
-  launch(g, extents({OW, OH, OC, N}), std::move(args));
+  launch(g, extents({geo.OW, geo.OH, geo.OC, geo.N}), std::move(args));
   return out;
 }
 
+Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dOptions& o) {
+  const char* op = "conv2d_backward_input";
+  check_first_order(op, {grad, weight});
+  check_image(op, grad, "the gradient", "NCHW");
+  OPFORGE_CHECK(weight.defined()) << op << ": the weight is undefined";
+  OPFORGE_CHECK(input_shape.size() == 4)
+      << op << ": the input shape must be 4-D NCHW, got " << shape_str(input_shape);
+  ConvGeometry geo = conv_geometry(op, input_shape, weight.shape(), o);
+  check_shape(op, grad, "the gradient", geo.out());
+  return grad_input_kernel(grad, weight, input_shape, o);
+}
+
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad, const Shape& weight_shape,
+                              const Conv2dOptions& o) {
+  const char* op = "conv2d_backward_weight";
+  check_first_order(op, {x, grad});
+  check_image(op, x, "input", "NCHW");
+  check_image(op, grad, "the gradient", "NCHW");
+  ConvGeometry geo = conv_geometry(op, x.shape(), weight_shape, o);
+  check_shape(op, grad, "the gradient", geo.out());
+  return grad_weight_kernel(x, grad, weight_shape, o);
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const ConvTranspose2dOptions& o) {
+  const char* op = "conv_transpose2d";
+  check_image(op, x, "input", "NCHW");
+  OPFORGE_CHECK(weight.defined() && weight.dim() == 4)
+      << op << ": weight must be 4-D (in_channels, out_channels/groups, kH, kW), got shape "
+      << (weight.defined() ? shape_str(weight.shape()) : "undefined");
+  OPFORGE_CHECK(o.groups >= 1 && weight.size(0) == x.size(1) && x.size(1) % o.groups == 0)
+      << op << ": weight " << shape_str(weight.shape()) << " takes " << weight.size(0)
+      << " input channels in groups of " << o.groups << ", input " << shape_str(x.shape())
+      << " has " << x.size(1);
+  check_positive(op, o.stride, "stride", 1);
+  check_positive(op, o.dilation, "dilation", 1);
+  check_positive(op, o.padding, "padding", 0);
+  check_positive(op, o.output_padding, "output_padding", 0);
+  for (int d = 0; d < 2; d++)
+    OPFORGE_CHECK(o.output_padding[size_t(d)] < o.stride[size_t(d)])
+        << op << ": output_padding (" << o.output_padding[0] << ", " << o.output_padding[1]
+        << ") must be smaller than the stride (" << o.stride[0] << ", " << o.stride[1] << ")";
+  // The convolution whose input gradient this is maps (N, C_out, H, W) to x's shape.
+  Shape out_shape = {x.size(0), weight.size(1) * o.groups, 0, 0};
+  for (int d = 0; d < 2; d++) {
+    auto s = size_t(d);
+    int64_t k = weight.size(2 + d), in = x.size(2 + d);
+    int64_t span = checked_mul(op, "the dilated kernel extent", o.dilation[s], k - 1);
+    int64_t grown = checked_mul(op, "the output size", in - 1, o.stride[s]);
+    int64_t size = checked_add(op, "the output size", grown, span + o.output_padding[s] + 1) -
+                   2 * o.padding[s];
+    OPFORGE_CHECK(size >= 1) << op << ": the output would be empty (size " << size << " along "
+                             << (d == 0 ? "height" : "width") << ")";
+    out_shape[size_t(2 + d)] = size;
+  }
+  Tensor out = autograd::differentiable(
+      op, {x, weight}, [&] { return grad_input_kernel(x, weight, out_shape, o); },
+      [&](const Tensor&) {
+        bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+        return [sx = need_w ? autograd::SavedTensor(x) : autograd::SavedTensor(),
+                sw = need_x ? autograd::SavedTensor(weight) : autograd::SavedTensor(), o,
+                xd = x.dtype(), wd = weight.dtype(), ws = weight.shape(), need_x,
+                need_w](const std::vector<Tensor>& g) {
+          std::vector<Tensor> grads(2);
+          if (need_x) grads[0] = conv2d(g[0], sw.unpack("conv_transpose2d"), {}, o).to(xd);
+          if (need_w)
+            grads[1] = grad_weight_kernel(g[0], sx.unpack("conv_transpose2d"), ws, o).to(wd);
+          return grads;
+        };
+      });
+  if (!bias.defined()) return out;
+  OPFORGE_CHECK(bias.dim() == 1 && bias.size(0) == out_shape[1])
+      << op << ": bias has shape " << shape_str(bias.shape()) << ", expected [" << out_shape[1]
+      << "]";
+  return add(out, bias.reshape({1, out_shape[1], 1, 1}));
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
-  autograd::check_no_grad_needed("max_pool2d", std::span<const Tensor>(&x, 1),
-                                 "its backward kernel is not generated yet");
-  return pool("max_pool2d", x, o, false);
+  return pool("max_pool2d", "max_pool2d_backward", x, o, false);
 }
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
-  autograd::check_no_grad_needed("avg_pool2d", std::span<const Tensor>(&x, 1),
-                                 "its backward kernel is not generated yet");
-  return pool("avg_pool2d", x, o, true);
+  return pool("avg_pool2d", "avg_pool2d_backward", x, o, true);
+}
+Tensor max_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
+  check_first_order("max_pool2d_backward", {x, grad});
+  check_image("max_pool2d_backward", grad, "the gradient", "NCHW");
+  return pool_kernel("max_pool2d_backward", x, grad, o, false);
+}
+Tensor avg_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
+  check_first_order("avg_pool2d_backward", {x, grad});
+  check_image("avg_pool2d_backward", grad, "the gradient", "NCHW");
+  return pool_kernel("avg_pool2d_backward", x, grad, o, true);
 }
 
 }  // namespace opforge

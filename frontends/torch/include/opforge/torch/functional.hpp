@@ -15,6 +15,22 @@ inline Tensor tanh(const Tensor& x) { return opforge::tanh(x); }
 inline Tensor softmax(const Tensor& x, int dim) { return opforge::softmax(x, dim); }
 inline Tensor log_softmax(const Tensor& x, int dim) { return opforge::log_softmax(x, dim); }
 
+// The window ops under torch.nn.functional's names (NCHW; options as opforge's ops take them).
+inline Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                     const Conv2dOptions& o = {}) {
+  return opforge::conv2d(x, weight, bias, o);
+}
+inline Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+                               const ConvTranspose2dOptions& o = {}) {
+  return opforge::conv_transpose2d(x, weight, bias, o);
+}
+inline Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  return opforge::max_pool2d(x, o);
+}
+inline Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
+  return opforge::avg_pool2d(x, o);
+}
+
 // x @ weight^T + bias; weight is (out_features, in_features), bias (out_features) or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 

@@ -69,8 +69,8 @@ class Linear : public Module {
   Tensor weight, bias;
 };
 
-// NCHW convolution, initialised as PyTorch's Conv2d. Its gradient is not available yet (conv2d
-// refuses an input that requires one): it runs under no_grad (inference) only.
+// NCHW convolution, initialised as PyTorch's Conv2d (weight and bias uniform in
+// +-1/sqrt(in_channels / groups * kernel_size^2)).
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
@@ -82,6 +82,22 @@ class Conv2d : public Module {
 
  private:
   Conv2dOptions options_;
+};
+
+// Transposed convolution (the gradient of a convolution's input), initialised as PyTorch's
+// ConvTranspose2d: weight (in_channels, out_channels / groups, k, k), bound
+// 1/sqrt(out_channels / groups * k^2).
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                  const ConvTranspose2dOptions& options = {}, bool bias = true,
+                  DType dtype = DType::Float32, Generator& g = default_generator());
+  Tensor forward(const Tensor& x) override { return conv_transpose2d(x, weight, bias, options_); }
+  std::string name() const override { return "ConvTranspose2d"; }
+  Tensor weight, bias;
+
+ private:
+  ConvTranspose2dOptions options_;
 };
 
 // Layers without parameters: each applies one function.

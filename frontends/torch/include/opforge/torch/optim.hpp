@@ -1,7 +1,7 @@
 // opforge::torch::optim: torch.optim's SGD, Adam and AdamW (the same update rules, step for step)
 // and the StepLR and CosineAnnealingLR schedules. A step runs under no_grad and updates each
-// parameter and its state in place; the updates are compositions of elementwise kernels (axpy_
-// for the parameter), not yet one fused kernel per parameter.
+// parameter and its state in place with one generated kernel per parameter (opforge::sgd_step_,
+// sgd_momentum_step_, adam_step_).
 #pragma once
 #include <functional>
 #include <map>

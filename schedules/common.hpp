@@ -1,12 +1,31 @@
-// Hand-written GPU schedules (OpenCL, CUDA), one per family: the output is tiled over GPU blocks
-// and threads; reductions and accumulations run serially inside each thread. Every schedule guards
-// its tails, so none has a minimum call size.
+// What the hand schedules of every family share: on the CPU, vector widths and the size of a
+// parallel task; on GPUs (OpenCL, CUDA), the ways to tile an output over blocks and threads, with
+// reductions and accumulations serial inside each thread. Every GPU schedule guards its tails, so
+// none has a minimum call size.
 #pragma once
+#include <string>
 #include <vector>
 
-#include "generators/pipelines.hpp"
+#include "generators/pipeline.hpp"
 
 namespace opforge::schedules {
+using Halide::Expr;
+using Halide::Func;
+using Halide::Stage;
+using Halide::TailStrategy;
+using Halide::Var;
+
+// Bool is computed as 32-bit lanes.
+inline int vector_lanes(const Halide::Target& t, DType d) {
+  return t.natural_vector_size(dsl::halide_type(d == DType::Bool ? DType::Int32 : d));
+}
+
+// How many iterations of a parallel loop make one task of at least 2^15 elements: Halide's thread
+// pool hands each task off under a lock, which costs more than a short task gains (reduction rows
+// of 4096 as separate tasks ran no faster on two cores than on one).
+inline Expr iterations_per_task(const Expr& elements_per_iteration) {
+  return Halide::max(1, (1 << 15) / Halide::max(elements_per_iteration, 1));
+}
 
 // All pure dims fused into one and split over blocks of `threads` threads. A reduction that feeds
 // another (var's mean) is computed once per thread, before the one it feeds.
@@ -54,27 +73,8 @@ inline void gpu_tile_2d(gen::Pipeline& p) {
   for (size_t d = 2; d < x.size(); d++) p.out.fuse(yo, x[d], yo);
   p.out.gpu_blocks(xo, yo).gpu_threads(xi, yi);
   if (p.acc.defined()) p.acc.compute_at(p.out, xi);
-}
-
-inline std::vector<int64_t> schedule_gpu(gen::Pipeline& p) {
-  switch (p.family) {
-    case dsl::Family::reduction:
-      if (p.vars.size() == 3) {  // normalize: out keeps the reduced axis
-        gpu_rows(p, 128);
-        break;
-      }
-      gpu_flat(p, 128);
-      break;
-    case dsl::Family::elementwise:
-    case dsl::Family::movement:
-      gpu_flat(p, 128);
-      break;
-    case dsl::Family::contraction:
-    case dsl::Family::window:
-      gpu_tile_2d(p);
-      break;
-  }
-  return {};
+  // What else accumulates (max_pool2d_backward's argmax per window): per thread too.
+  for (Halide::Func& r : p.reductions) r.compute_at(p.out, xi);
 }
 
 }  // namespace opforge::schedules

@@ -1,0 +1,40 @@
+// Contraction pipelines: batched matrix products.
+#pragma once
+#include "generators/pipeline.hpp"
+
+namespace opforge::gen {
+
+// ---- contraction: a(k, m, b), b(n, k, b), c(n, m, b); call extents (N, M, K, batch) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::contraction) {
+  Pipeline p = start<T>(op, op.has_c ? 3 : 2);
+  Type t = halide_type<T>();
+  ContractionArgs a;
+  a.n = Var("n");
+  a.m = Var("m");
+  a.batch = Var("batch");
+  auto A = detail::add_input(p, t, 3, "a", false);
+  auto B = detail::add_input(p, t, 3, "b", false);
+  a.a = Func(A);
+  a.b = Func(B);
+  if (op.has_c) a.c = Func(detail::add_input(p, t, 3, "c", true));
+  a.r = Halide::RDom(0, A.dim(0).extent(), "r");
+  a.type = t;
+  a.attr = detail::make_attrs(p, op.attrs, t);
+  AccOut ao = op.fn(a);
+  p.acc = ao.acc;
+  p.out = ao.out;
+  p.vars = {a.n, a.m, a.batch};
+  p.set_estimates = [p](int64_t size) mutable {
+    p.inputs[0].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    p.inputs[1].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    if (p.inputs.size() > 2)
+      p.inputs[2].set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    p.out.set_estimates({{0, int32_t(size)}, {0, int32_t(size)}, {0, 1}});
+    detail::estimate_attrs(p, 1);
+    return std::vector<int64_t>{size, size, size, 1};
+  };
+  return p;
+}
+
+}  // namespace opforge::gen

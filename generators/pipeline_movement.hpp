@@ -1,0 +1,41 @@
+// Movement pipelines: strided copies and gathers.
+#pragma once
+#include "generators/pipeline.hpp"
+
+namespace opforge::gen {
+
+// ---- movement: copy(in, 6-D, any strides) and gather(in(i, k, o), index(j)) ----
+template <class T, class Op>
+Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::movement) {
+  Pipeline p = start<T>(op, op.kind == MovementKind::copy ? 1 : 2, int(op.kind));
+  Type t = halide_type<T>();
+  p.out = Func("out");
+  if (op.kind == MovementKind::copy) {
+    for (int i = 0; i < detail::kEwDims; i++) p.vars.emplace_back("x" + std::to_string(i));
+    auto in = detail::add_input(p, t, detail::kEwDims, "in", true);
+    p.out(p.vars) = in(p.vars);
+    p.out.output_buffer().dim(0).set_stride(Expr());
+    p.set_estimates = [p](int64_t size) mutable { return detail::estimate_6d(p, size); };
+  } else {
+    Var i("i"), j("j"), o("o");
+    auto in = detail::add_input(p, t, 3, "in", true);
+    auto index = detail::add_input(p, Halide::Int(64), 1, "index", true);
+    Expr n = in.dim(1).extent();
+    Expr idx = Halide::cast<int32_t>(index(j));
+    idx = Halide::clamp(Halide::select(idx < 0, idx + n, idx), 0, n - 1);
+    p.out(i, j, o) = in(i, idx, o);
+    p.out.output_buffer().dim(0).set_stride(Expr());
+    p.vars = {i, j, o};
+    // Gathers are mostly rows of an embedding table: estimate 256 rows of size/256 elements.
+    p.set_estimates = [p](int64_t size) mutable {
+      int32_t rows = 256, inner = int32_t(std::max<int64_t>(size / rows, 1));
+      p.inputs[0].set_estimates({{0, inner}, {0, rows}, {0, 1}});
+      p.inputs[1].set_estimates({{0, rows}});
+      p.out.set_estimates({{0, inner}, {0, rows}, {0, 1}});
+      return std::vector<int64_t>{inner, rows, 1};
+    };
+  }
+  return p;
+}
+
+}  // namespace opforge::gen

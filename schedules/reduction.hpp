@@ -1,0 +1,111 @@
+// The hand schedules (CPU and GPU) of reductions: rows, columns, normalising ops.
+#pragma once
+#include "schedules/common.hpp"
+
+namespace opforge::schedules {
+
+// A reduction stage's loop over r in `lanes` independent vector lanes (rfactor), computed at
+// `at`, then combined across the lanes. rfactor appends the lanes' index to the intermediate's
+// dimensions; it is stored innermost, so the lanes are one dense vector.
+inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
+                            const Halide::LoopLevel& at) {
+  Halide::RVar ro("ro"), ri("ri");
+  Var u("u");
+  Func partial = stage.split(r, ro, ri, lanes, TailStrategy::GuardWithIf).rfactor(ri, u);
+  std::vector<Var> order{u};
+  for (const Var& a : partial.args())
+    if (a.name() != u.name()) order.push_back(a);
+  partial.reorder_storage(order).compute_at(at).vectorize(u).update(0).vectorize(u);
+}
+
+// A reduction's layout is known only at the call, so each branch is a specialization:
+// - rows: the reduced axis is contiguous and nothing lies inside it (the runtime's canonical view
+//   of a reduction over the last axes): a row's reductions accumulate in vector lanes (rfactor)
+//   that are combined at the end; a reduction over most of a tensor also splits its rows into
+//   chunks that run in parallel.
+// - columns: a vector or more inside the reduced axis: vectors along it, blocks of them in
+//   parallel; the reduced loop runs outside the vectors of a block, so each step reads whole
+//   cache lines.
+// Either way the reductions are computed once per outer index (and block), before the output
+// reads them, and a parallel task holds enough work to pay for its hand-off.
+inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
+  int v = vector_lanes(t, p.in_dtype);
+  const bool normalize = p.vars.size() == 3;
+  // Vectors per parallel task along the inner axis: a task reads 4 KiB or more of each row it
+  // touches (narrower strips cost a page walk per few cache lines).
+  const int block = 64;
+  // Independent accumulators: one vector's running sum would wait on each add's latency.
+  const int lanes_per_row = 4 * v;
+  Func& out = p.out;
+  Halide::OutputImageParam ob = out.output_buffers()[0];
+  const Halide::ImageParam& in = p.inputs[0];
+  Var i = p.vars.front(), o = p.vars.back(), iv("iv"), ii("ii"), ib("ib");
+  // (Unit strides stated, or every load and store is a per-lane gather or scatter.)
+  Expr rows = ob.dim(0).extent() == 1 && in.dim(1).stride() == 1;
+  if (normalize) rows = rows && ob.dim(1).stride() == 1;
+  Expr cols = ob.dim(0).extent() >= v && in.dim(0).stride() == 1;
+  // Too few rows to occupy the cores, each long enough to be worth splitting.
+  const int chunk = 1 << 16;
+  Expr chunked = rows && ob.dim(1).extent() < 8 && in.dim(1).extent() >= 2 * chunk;
+
+  Var ot("ot");
+  Stage rows_out =
+      out.specialize(rows)
+          .split(o, ot, o, iterations_per_task(in.dim(1).extent()), TailStrategy::GuardWithIf)
+          .parallel(ot);
+  if (normalize) rows_out.vectorize(p.vars[1], v, TailStrategy::GuardWithIf);
+  // A task: a block of vectors along i over a group of outer indices (the reductions computed
+  // for the block at each of them).
+  Var task("task");
+  Stage cols_out =
+      out.specialize(cols)
+          .split(i, iv, ii, v)
+          .split(iv, ib, iv, block, TailStrategy::GuardWithIf)
+          .split(o, ot, o, iterations_per_task(in.dim(0).extent() * in.dim(1).extent()),
+                 TailStrategy::GuardWithIf)
+          .vectorize(ii);
+  if (normalize)
+    cols_out.reorder(ii, iv, p.vars[1], o, ib, ot);
+  else
+    cols_out.reorder(ii, iv, o, ib, ot);
+  cols_out.fuse(ib, ot, task).parallel(task);
+  out.parallel(o);
+
+  for (Func& f : p.reductions) {
+    f.compute_at(out, o);
+    Var fi;
+    for (const Var& a : f.args())
+      if (a.name() == i.name()) fi = a;
+    Halide::RVar r = f.rvars(0)[0], rc("rc"), rr("rr");
+    Var c("c"), fv("fv"), fii("fii");
+    // argmax and argmin keep the first index of equal values; lanes would reorder them.
+    const bool lanes_ok = f.outputs() == 1;
+    if (lanes_ok && !normalize) {
+      Func parts = f.update(0)
+                       .specialize(chunked)
+                       .split(r, rc, rr, chunk, TailStrategy::GuardWithIf)
+                       .rfactor(rc, c);
+      parts.compute_at(out, o).update(0).parallel(c);
+      in_vector_lanes(parts.update(0), rr, lanes_per_row, Halide::LoopLevel(parts, c));
+    }
+    if (lanes_ok)
+      in_vector_lanes(f.update(0).specialize(rows), r, lanes_per_row, Halide::LoopLevel(out, o));
+    f.specialize(cols).vectorize(fi, v, TailStrategy::GuardWithIf);
+    f.update(0)
+        .specialize(cols)
+        .split(fi, fv, fii, v, TailStrategy::GuardWithIf)
+        .reorder(fii, fv, r)
+        .vectorize(fii);
+  }
+}
+
+// A normalize op's output keeps the reduced axis: a block per row; a reduce op's, a thread per
+// output.
+inline void gpu_reduction(gen::Pipeline& p) {
+  if (p.vars.size() == 3)
+    gpu_rows(p, 128);
+  else
+    gpu_flat(p, 128);
+}
+
+}  // namespace opforge::schedules

@@ -1,0 +1,118 @@
+// The hand schedules (CPU and GPU) of window ops: convolutions, pools and their gradients.
+#pragma once
+#include "schedules/common.hpp"
+
+namespace opforge::schedules {
+
+// conv2d_backward_weight: out(kx, ky, ci, co) sums, over every output position and image, the
+// gradient there times the input under the tap. Two schedules:
+// - tiled (manual): the product it is. A register tile of one vector of input channels x 8 output
+//   channels accumulates over every position and image, the input read from a copy stored
+//   channels-innermost (NHWC), so a vector of channels is one load and each gradient value one
+//   broadcast. Whole tiles: a vector of input channels per group and 8 output channels at least.
+// - rows (manual_small): any size. A task per (ci, co) computes its whole kernel plane, the
+//   reduction in vectors along the gradient's rows (an rfactor over the row's lanes, at most 8:
+//   gradient rows are short) with the taps innermost, so each gradient vector is loaded once for
+//   every tap.
+inline std::vector<int64_t> manual_conv_grad_weight(gen::Pipeline& p, const Halide::Target& t,
+                                                    bool small) {
+  Var kx = p.vars[0], ky = p.vars[1], c = p.vars[2], n = p.vars[3], task("task");
+  auto r = p.acc.rvars(0);                // gradient x, gradient y, image
+  std::vector<Var> pv = p.padded.args();  // (x, y, channel, image)
+  Expr dense_groups = p.int_attr("groups") == 1;
+  if (small) {
+    int v = std::min(vector_lanes(t, p.in_dtype), 8);
+    Var u("u");
+    p.out.fuse(c, n, task).parallel(task);
+    Halide::RVar rxo("rxo"), rxi("rxi");
+    Func lanes =
+        p.acc.update(0).split(r[0], rxo, rxi, v, TailStrategy::GuardWithIf).rfactor(rxi, u);
+    p.acc.compute_at(p.out, task);
+    lanes.compute_at(p.out, task).vectorize(u);
+    lanes.update(0).reorder(u, kx, ky, rxo, r[1], r[2], c, n).vectorize(u);
+    p.padded.compute_root().parallel(pv[3]).vectorize(pv[0], v, TailStrategy::GuardWithIf);
+    lanes.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
+                               dense_groups);
+    return {};
+  }
+  int v = vector_lanes(t, p.in_dtype);
+  const int tco = 8;
+  Var cio("cio"), cii("cii"), coo("coo"), coi("coi");
+  p.out.split(c, cio, cii, v)
+      .split(n, coo, coi, tco)
+      .reorder(cii, coi, kx, ky, cio, coo)
+      .fuse(cio, coo, task)
+      .parallel(task)
+      .vectorize(cii)
+      .unroll(coi);
+  p.acc.compute_at(p.out, kx).vectorize(c).unroll(n);
+  p.acc.update(0).reorder(c, n, r[0], r[1], r[2]).vectorize(c).unroll(n);
+  p.padded.compute_root()
+      .reorder_storage(pv[2], pv[0], pv[1], pv[3])
+      .reorder(pv[2], pv[0], pv[1], pv[3])
+      .parallel(pv[3])
+      .vectorize(pv[2], v, TailStrategy::GuardWithIf);
+  // Grouped: the input channel depends on the output channel, and the vector is a gather.
+  p.acc.update(0).specialize(dense_groups);
+  return {1, 1, v, tco};
+}
+
+inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target& t, bool small) {
+  int v = vector_lanes(t, p.in_dtype);
+  Var w = p.vars[0], h = p.vars[1], c = p.vars[2], n = p.vars[3];
+  Var wo("wo"), wi("wi"), co("co"), ci("ci"), task("task");
+  auto kind = dsl::WindowKind(p.variant_flags);
+  if (kind == dsl::WindowKind::conv_grad_weight) return manual_conv_grad_weight(p, t, small);
+  // conv2d_backward_input is a convolution of the gradient: it gets conv2d's schedule.
+  bool conv = kind == dsl::WindowKind::conv || kind == dsl::WindowKind::conv_grad_input;
+  if (small || !conv) {
+    p.out.fuse(c, n, task).parallel(task).vectorize(w, v, TailStrategy::GuardWithIf);
+    // Per-window results (max_pool2d_backward's argmax) once per image plane, not per use.
+    for (Func& f : p.reductions) {
+      std::vector<Var> fv = f.args();
+      f.compute_at(p.out, task).vectorize(fv[0], v, TailStrategy::GuardWithIf);
+      f.update(0).vectorize(fv[0], v, TailStrategy::GuardWithIf);
+    }
+    return {};
+  }
+  // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs
+  // inside it. Whole tiles only. A whole vector where the output is that wide, else half of one:
+  // the second layer of a small CNN is 8 wide, under AVX-512's 16 float lanes.
+  const int tc = 8, half = std::max(v / 2, 1);
+  auto tile = [&](Stage s, int lanes) {
+    s.split(w, wo, wi, lanes)
+        .split(c, co, ci, tc)
+        .reorder(wi, ci, wo, h, co, n)
+        .fuse(h, co, task)
+        .fuse(task, n, task)
+        .parallel(task)
+        .vectorize(wi)
+        .unroll(ci);
+  };
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
+  if (half < v) tile(p.out.specialize(ob.dim(0).extent() >= v), v);
+  tile(p.out, half);
+  auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
+  Var wu("wu"), wv("wv");
+  p.acc.compute_at(p.out, wo).split(w, wu, wv, half).vectorize(wv).unroll(wu).unroll(c);
+  p.acc.update(0)
+      .split(w, wu, wv, half)
+      .reorder(wv, wu, c, r[0], r[1], r[2], h, n)
+      .vectorize(wv)
+      .unroll(wu)
+      .unroll(c);
+  // Materialise the zero-padded image once, so the inner loads are plain vector loads rather than
+  // per-lane clamped gathers.
+  std::vector<Var> pv = p.padded.args();
+  p.padded.compute_root().parallel(pv[3]).vectorize(pv[0], v, TailStrategy::GuardWithIf);
+  // Stride and dilation are runtime attributes; at 1 (the common case) the input loads along w
+  // are dense vectors instead of gathers and the input channel does not depend on the output
+  // channel.
+  p.acc.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
+                             p.int_attr("groups") == 1);
+  return {half, 1, tc, 1};
+}
+
+inline void gpu_window(gen::Pipeline& p) { gpu_tile_2d(p); }
+
+}  // namespace opforge::schedules
