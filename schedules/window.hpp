@@ -9,7 +9,8 @@ namespace opforge::schedules {
 // - tiled (manual): the product it is. A register tile of one vector of input channels x 8 output
 //   channels accumulates over every position and image, the input read from a copy stored
 //   channels-innermost (NHWC), so a vector of channels is one load and each gradient value one
-//   broadcast. Whole tiles: a vector of input channels per group and 8 output channels at least.
+//   broadcast; with fewer input channels than a vector, a vector of output channels over an NHWC
+//   copy of the gradient instead. Whole tiles: a vector of output channels at least.
 // - rows (manual_small): any size. A task per (ci, co) computes its whole kernel plane, the
 //   reduction in vectors along the gradient's rows (an rfactor over the row's lanes, at most 8:
 //   gradient rows are short) with the taps innermost, so each gradient vector is loaded once for
@@ -38,23 +39,47 @@ inline std::vector<int64_t> manual_conv_grad_weight(gen::Pipeline& p, const Hali
   int v = vector_lanes(t, p.in_dtype);
   const int tco = 8;
   Var cio("cio"), cii("cii"), coo("coo"), coi("coi");
-  p.out.split(c, cio, cii, v)
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
+  Expr wide = ob.dim(2).extent() >= v;
+  // Where there are fewer input channels than a vector (a first layer's one), the vector runs
+  // along the output channels instead, over an NHWC copy of the gradient.
+  p.out.specialize(wide)
+      .split(c, cio, cii, v)
       .split(n, coo, coi, tco)
       .reorder(cii, coi, kx, ky, cio, coo)
       .fuse(cio, coo, task)
       .parallel(task)
       .vectorize(cii)
       .unroll(coi);
-  p.acc.compute_at(p.out, kx).vectorize(c).unroll(n);
-  p.acc.update(0).reorder(c, n, r[0], r[1], r[2]).vectorize(c).unroll(n);
+  p.out.split(n, coo, coi, v)
+      .reorder(coi, kx, ky, c, coo)
+      .fuse(c, coo, task)
+      .parallel(task)
+      .vectorize(coi);
+  p.acc.compute_at(p.out, kx);
+  p.acc.specialize(wide).vectorize(c).unroll(n);
+  p.acc.vectorize(n);
+  p.acc.update(0)
+      .specialize(wide && dense_groups)
+      .reorder(c, n, r[0], r[1], r[2])
+      .vectorize(c)
+      .unroll(n);
+  p.acc.update(0).specialize(wide).reorder(c, n, r[0], r[1], r[2]).vectorize(c).unroll(n);
+  p.acc.update(0).specialize(dense_groups).reorder(n, r[0], r[1], r[2]).vectorize(n);
+  p.acc.update(0).reorder(n, r[0], r[1], r[2]).vectorize(n);
   p.padded.compute_root()
       .reorder_storage(pv[2], pv[0], pv[1], pv[3])
       .reorder(pv[2], pv[0], pv[1], pv[3])
       .parallel(pv[3])
       .vectorize(pv[2], v, TailStrategy::GuardWithIf);
-  // Grouped: the input channel depends on the output channel, and the vector is a gather.
-  p.acc.update(0).specialize(dense_groups);
-  return {1, 1, v, tco};
+  Func grad_nhwc = p.inputs[1].in(p.acc);  // conv2d_backward_weight's inputs: in, grad
+  std::vector<Var> gv = grad_nhwc.args();
+  grad_nhwc.compute_root()
+      .reorder_storage(gv[2], gv[0], gv[1], gv[3])
+      .reorder(gv[2], gv[0], gv[1], gv[3])
+      .parallel(gv[3])
+      .vectorize(gv[2], v, TailStrategy::GuardWithIf);
+  return {1, 1, 1, v};
 }
 
 inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target& t, bool small) {
@@ -73,6 +98,20 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
       f.compute_at(p.out, task).vectorize(fv[0], v, TailStrategy::GuardWithIf);
       f.update(0).vectorize(fv[0], v, TailStrategy::GuardWithIf);
     }
+    if (conv) return {};
+    // The image with its zero border, one plane at a time: the taps then load vectors rather
+    // than clamp each lane.
+    std::vector<Var> pv = p.padded.args();
+    p.padded.compute_at(p.out, task).vectorize(pv[0], v, TailStrategy::GuardWithIf);
+    // The pools' geometry is a run-time attribute: the common 2x2 pool of stride 2 gets a branch
+    // of its own, where the windows' positions are shifts rather than divisions and the loops
+    // over taps and windows have constant extents.
+    Expr two = p.int_attr("kernel_w") == 2 && p.int_attr("kernel_h") == 2 &&
+               p.int_attr("stride_w") == 2 && p.int_attr("stride_h") == 2 &&
+               p.int_attr("pad_w") == 0 && p.int_attr("pad_h") == 0;
+    p.out.specialize(two);
+    if (p.acc.has_update_definition()) p.acc.update(0).specialize(two);
+    for (Func& f : p.reductions) f.update(0).specialize(two);
     return {};
   }
   // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs
@@ -108,8 +147,11 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // Stride and dilation are runtime attributes; at 1 (the common case) the input loads along w
   // are dense vectors instead of gathers and the input channel does not depend on the output
   // channel.
-  p.acc.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
-                             p.int_attr("groups") == 1);
+  Expr unit = p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 && p.int_attr("groups") == 1;
+  // conv2d_backward_input also picks its gradient rows by the vertical stride.
+  if (kind == dsl::WindowKind::conv_grad_input)
+    unit = unit && p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1;
+  p.acc.update(0).specialize(unit);
   return {half, 1, tc, 1};
 }
 

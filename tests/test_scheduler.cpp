@@ -46,6 +46,47 @@ TEST(Scheduler, CalibratesEveryDeviceAndVariantBeforeChoosing) {
   for (const auto& [pair, n] : runs) EXPECT_EQ(n, DispatchPolicy{}.calibration_runs);
 }
 
+// A variant measured at more than give_up_ratio times the best is timed once, not three times,
+// and never explored: a slow schedule of a big convolution costs seconds a run.
+TEST(Scheduler, AVariantFarSlowerThanTheBestIsNotTimedAgain) {
+  Scheduler s;
+  std::vector<Scheduler::Candidate> one = {{0, 0b111}};
+  std::map<int, int> runs;
+  for (;;) {
+    Decision d = s.decide(kKey, one, {}, 0);
+    if (!d.calibrating) break;
+    runs[d.variant]++;
+    // Variant 2 is 100 times slower than variant 0; variant 1 is 4 times (kept).
+    s.finished(d, d.variant == 2 ? 0.1 : d.variant == 1 ? 4e-3 : 1e-3, false);
+  }
+  EXPECT_EQ(runs[0], 3);
+  EXPECT_EQ(runs[1], 3);
+  EXPECT_EQ(runs[2], 1);
+  EXPECT_NEAR(s.estimate(kKey, 0, 2), 0.1, 1e-12);
+  // Calibrated: variant 0 runs; exploration never picks variant 2 (every explore_every calls).
+  int explored_slow = 0;
+  for (int i = 0; i < 3 * DispatchPolicy{}.explore_every; i++) {
+    Decision d = s.decide(kKey, one, {}, 0);
+    EXPECT_FALSE(d.calibrating);
+    explored_slow += d.variant == 2;
+    s.finished(d, d.variant == 1 ? 4e-3 : 1e-3, false);
+  }
+  EXPECT_EQ(explored_slow, 0);
+  // With the rule off (give_up_ratio as high as it goes), every variant is timed three times.
+  Scheduler all;
+  DispatchPolicy p;
+  p.give_up_ratio = 1e300;
+  all.set_policy(p);
+  std::map<int, int> all_runs;
+  for (;;) {
+    Decision d = all.decide(kKey, one, {}, 0);
+    if (!d.calibrating) break;
+    all_runs[d.variant]++;
+    all.finished(d, d.variant == 2 ? 0.1 : 1e-3, false);
+  }
+  EXPECT_EQ(all_runs[2], 3);
+}
+
 TEST(Scheduler, PicksEachDevicesFastestVariant) {
   Scheduler s;
   // Variant 1 is fast on device 0, variant 0 on device 1; device 1 is the faster overall.

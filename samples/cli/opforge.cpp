@@ -559,6 +559,12 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   train_cmd->add_option("--lr", train.lr, "Learning rate (default: 0.05 for sgd, 1e-3 for adam)")
       ->check(CLI::PositiveNumber);
+  train_cmd
+      ->add_option("--lr-schedule", train.lr_schedule,
+                   "none, cosine (annealed to 0 over the epochs) or step (a tenth every third of "
+                   "the epochs), stepped per epoch")
+      ->check(CLI::IsMember({"none", "cosine", "step"}))
+      ->capture_default_str();
   train_cmd->add_option("--label-smoothing", train.label_smoothing)->check(CLI::Range(0.0, 1.0));
   train_cmd->add_option("--seed", train.seed, "Seeds the initialisation and the data order")
       ->capture_default_str();

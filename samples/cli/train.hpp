@@ -12,6 +12,7 @@ struct TrainOptions {
   int64_t epochs = 5, batch_size = 64, limit = 0;  // limit > 0: the first `limit` training samples
   std::string optimizer = "sgd";                   // sgd (momentum 0.9), adam, adamw
   double lr = 0;                                   // 0: the optimiser's default here
+  std::string lr_schedule = "cosine";              // none, cosine (to 0 over the epochs), step
   double label_smoothing = 0;
   uint64_t seed = 0;
   int threads = 0;  // 0: every core

@@ -20,6 +20,10 @@
 namespace opforge::cli {
 namespace {
 
+// Untimed steps before each timed run: opforge's placement model calibrates a new shape's
+// variants in its first calls (three timed runs of each), which the first round pays for.
+constexpr int64_t kWarmup = 20;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -47,7 +51,8 @@ nlohmann::json run_peer(const std::string& python, const std::string& model, int
                         int64_t steps, int threads) {
   std::string cmd = "'" + python + "' '" OPFORGE_SOURCE_DIR "/tests/bench/train_peer.py' --model " +
                     model + " --batch-size " + std::to_string(batch) + " --steps " +
-                    std::to_string(steps) + " --threads " + std::to_string(threads) + " 2>&1";
+                    std::to_string(steps) + " --warmup " + std::to_string(kWarmup) +
+                    " --threads " + std::to_string(threads) + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   OPFORGE_CHECK(pipe) << "cannot start " << cmd;
   std::string out;
@@ -80,7 +85,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     std::vector<TrainPhases> ours, peer;
     std::string peer_error;
     for (int round = 0; round < o.repeats; round++) {
-      TrainTiming ti = time_training(t, row.steps, 5);
+      TrainTiming ti = time_training(t, row.steps, kWarmup);
       ours.push_back(
           {ti.samples_per_second, ti.data_ms, ti.forward_ms, ti.backward_ms, ti.optimizer_ms});
       if (!peer_error.empty()) continue;

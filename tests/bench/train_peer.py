@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The training peer of `opforge train`: the same models (mlp: 784-512-256-10, ReLU; cnn: conv 5x5
 32, max-pool 2, conv 5x5 64, max-pool 2, linear 128, linear 10), the same data (Fashion-MNIST from
-the Debian package's IDX files), batch size, optimiser (SGD, momentum 0.9, lr 0.05), loss and
-thread count, in PyTorch.
+the Debian package's IDX files, standardised), batch size, optimiser (SGD, momentum 0.9, lr 0.05,
+cosine schedule), loss and thread count, in PyTorch.
 
 Without --steps: trains whole epochs and prints one line per epoch (seconds, samples/s, test
 accuracy); tests/bench/train_vs_torch.sh reads them. With --steps N: times N training steps after
@@ -56,8 +56,13 @@ def main():
     )
     (x, y), (tx, ty) = load("train"), load("t10k")
     x, tx = x.reshape(-1, 1, 28, 28), tx.reshape(-1, 1, 28, 28)
+    # Standardised by the training images' mean and deviation, as opforge train does.
+    mean, std = x.double().mean().item(), x.double().std(unbiased=False).item()
+    x, tx = (x - mean) / std, (tx - mean) / std
     net = model(a.model)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    # opforge train's default schedule: cosine annealing to 0 over the epochs, stepped per epoch.
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.epochs)
     loss_fn = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(a.seed)
     if a.steps:
@@ -101,6 +106,7 @@ def main():
             acc = (net(tx).argmax(1) == ty).float().mean().item()
         print(f"torch epoch {epoch + 1}: {seconds:.2f} s, {len(y) / seconds:.0f} samples/s, "
               f"test accuracy {100 * acc:.2f}%", flush=True)
+        schedule.step()
 
 
 if __name__ == "__main__":

@@ -131,10 +131,10 @@ inline const auto window_ops = hana::make_tuple(
              Expr co = group * cout_g + r.z;
              Expr g = Halide::select(xs % sw == 0 && ys % sh == 0,
                                      a.grad(xs / sw, ys / sh, co, a.n), Halide::cast(a.type, 0));
-             // The clamps change no index (each lies in range) but tell bounds inference so,
-             // which cannot follow the group arithmetic and would ask for a larger weight.
-             Expr ci = Halide::clamp(a.c - group * a.group_c, 0, a.group_c - 1),
-                  wco = Halide::clamp(co, 0, a.out_c - 1);
+             // Each index lies in range, but bounds inference cannot follow the group arithmetic
+             // and would ask for a larger weight: it is told so, at no cost at run time.
+             Expr ci = Halide::unsafe_promise_clamped(a.c - group * a.group_c, 0, a.group_c - 1),
+                  wco = Halide::unsafe_promise_clamped(co, 0, a.out_c - 1);
              Func acc("acc"), out("out");
              acc(a.w, a.h, a.c, a.n) = Halide::cast(a.type, 0);
              acc(a.w, a.h, a.c, a.n) += g * a.weight(r.x, r.y, ci, wco);

@@ -18,6 +18,10 @@ struct DispatchPolicy {
   int retime_every = 128;    // re-time the chosen variant every N calls to a device
   int explore_every = 2048;  // time another variant every N calls to a device, and a device
                              // passed over N times
+  // A variant measured at more than this many times its bucket's best is not timed again: its
+  // remaining calibration runs count as done and it is not explored (a slow convolution schedule
+  // costs seconds a run).
+  double give_up_ratio = 8;
 };
 
 // What one candidate placement was expected to cost, as OPFORGE_LOG=dispatch prints it.
@@ -92,7 +96,8 @@ class Scheduler {
 
  private:
   struct VariantStats {
-    int issued = 0;  // calibration runs handed out
+    int issued = 0;   // calibration runs handed out
+    int skipped = 0;  // calibration runs given up (counted as issued and done)
     std::vector<double> calibration;
     double estimate = 0;
     int outliers = 0;
@@ -123,6 +128,10 @@ class Scheduler {
   bool decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
                    Decision& d);
   void record(Entry& e, int slot, double seconds, bool calibrating, bool exploring);
+  // The variant is far slower than the bucket's best (give_up_ratio).
+  bool given_up(const Entry& e, int slot) const;
+  // Once the bucket is calibrated: its best variant, published.
+  void update_best(Entry& e);
   void end_queued(const Decision& d, bool was_enqueued);
   DeviceState& dev(int d);
   const DeviceState* find_dev(int d) const;

@@ -47,8 +47,9 @@ Scheduler::Scheduler(int max_devices)
 }
 
 void Scheduler::set_policy(const DispatchPolicy& p) {
-  OPFORGE_CHECK(p.calibration_runs >= 1 && p.retime_every >= 1 && p.explore_every >= 1)
-      << "set_dispatch_policy: every count must be at least 1";
+  OPFORGE_CHECK(p.calibration_runs >= 1 && p.retime_every >= 1 && p.explore_every >= 1 &&
+                p.give_up_ratio >= 1)
+      << "set_dispatch_policy: every count and give_up_ratio must be at least 1";
   std::lock_guard<std::mutex> lock(mu_);
   policy_ = p;
   retime_every_ = p.retime_every;
@@ -188,11 +189,26 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     while (!((cands[0].variants >> d.variant) & 1)) d.variant++;
     return chosen_set(d);
   }
+  int cal_slot = -1;
   if (cal) {
-    int slot = cal->calibration_issued++ % int(cal->variants.size());
-    cal->stats[size_t(slot)].issued++;
+    const int n = int(cal->variants.size());
+    cal_slot = cal->calibration_issued++ % n;
+    // A variant already measured far slower than the best is not timed again.
+    while (given_up(*cal, cal_slot)) {
+      cal->stats[size_t(cal_slot)].skipped++;
+      cal->calibration_done++;
+      cal_slot = cal->calibration_issued < runs * n ? cal->calibration_issued++ % n : -1;
+      if (cal_slot < 0) break;
+    }
+    if (cal_slot < 0) {  // only given-up runs were left: the model decides below
+      update_best(*cal);
+      cal = nullptr;
+    }
+  }
+  if (cal) {
+    cal->stats[size_t(cal_slot)].issued++;
     d.device = cal_device;
-    d.variant = cal->variants[size_t(slot)];
+    d.variant = cal->variants[size_t(cal_slot)];
     d.timed = d.calibrating = true;
     if (size_t(cal_device) < transfer.size()) d.transfer = transfer[size_t(cal_device)];
     return chosen_set(d);
@@ -247,6 +263,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   ++e.calls;
   if (!d.exploring && n > 1 && e.calls % uint64_t(policy_.explore_every) == 0) {
     slot = e.explore_next++ % n;  // another variant on this device, timed
+    for (int tries = 1; tries < n && given_up(e, slot); tries++) slot = e.explore_next++ % n;
+    if (given_up(e, slot)) slot = e.best;
     d.timed = true;
   } else if (e.calls % uint64_t(policy_.retime_every) == 0) {
     d.timed = true;
@@ -277,6 +295,10 @@ void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, boo
     s.outliers = 0;
     s.estimate = s.estimate > 0 ? 0.75 * s.estimate + 0.25 * seconds : seconds;
   }
+  update_best(e);
+}
+
+void Scheduler::update_best(Entry& e) {
   if (e.variants.size() == 1 || e.calibrated(policy_.calibration_runs)) {
     int best = 0;
     for (int i = 1; i < int(e.stats.size()); i++)
@@ -284,6 +306,15 @@ void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, boo
     e.best = best;
   }
   publish(e);
+}
+
+bool Scheduler::given_up(const Entry& e, int slot) const {
+  const VariantStats& v = e.stats[size_t(slot)];
+  if (v.calibration.empty()) return false;
+  double best = v.estimate;
+  for (const VariantStats& o : e.stats)
+    if (!o.calibration.empty()) best = std::min(best, o.estimate);
+  return v.estimate > policy_.give_up_ratio * best;
 }
 
 void Scheduler::enqueued(const Decision& d) {
@@ -327,8 +358,8 @@ void Scheduler::failed(const Decision& d, bool was_enqueued) {
   if (pos == e.variants.end()) return;
   size_t slot = size_t(pos - e.variants.begin());
   // Its calibration runs no longer count towards the bucket's.
-  e.calibration_issued -= e.stats[slot].issued;
-  e.calibration_done -= int(e.stats[slot].calibration.size());
+  e.calibration_issued -= e.stats[slot].issued + e.stats[slot].skipped;
+  e.calibration_done -= int(e.stats[slot].calibration.size()) + e.stats[slot].skipped;
   e.variants.erase(pos);
   e.stats.erase(e.stats.begin() + std::ptrdiff_t(slot));
   e.best = 0;
