@@ -824,6 +824,27 @@ inline Expected pool2d_backward(const Dense& x, const Dense& grad, PoolParams p,
 // Movement
 // ---------------------------------------------------------------------------------------------
 
+// PyTorch's index_add: x with alpha * source's slices added at index along `axis` (repeats add,
+// negative indices count from the end).
+inline Expected index_add(const Dense& x, int axis, const std::vector<int64_t>& index,
+                          const Dense& source, double alpha) {
+  int rank = int(x.shape.size());
+  if (axis < 0) axis += rank;
+  int64_t outer = 1, n = x.shape[size_t(axis)], inner = 1;
+  for (int d = 0; d < axis; d++) outer *= x.shape[size_t(d)];
+  for (int d = axis + 1; d < rank; d++) inner *= x.shape[size_t(d)];
+  int64_t J = int64_t(index.size());
+  Expected e{x.v, x.shape};
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < J; j++) {
+      int64_t k = index[size_t(j)] < 0 ? index[size_t(j)] + n : index[size_t(j)];
+      for (int64_t i = 0; i < inner; i++)
+        e.values[size_t((o * n + k) * inner + i)] +=
+            alpha * source.v[size_t((o * J + j) * inner + i)];
+    }
+  return e;
+}
+
 // NumPy take(x, index, axis) with a flat index list; negative indices count from the end.
 inline Expected take(const Dense& x, int axis, const std::vector<int64_t>& index) {
   int rank = int(x.shape.size());

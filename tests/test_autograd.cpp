@@ -403,7 +403,6 @@ TEST(Autograd, OpsWithoutAGradientSayWhenAnInputNeedsOne) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no gradient yet"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(index_select(x, 2, Tensor::from_vector<int64_t>({0}, {1})), Error);
   // The window ops' gradients are first-order: a gradient that itself requires one is refused.
   Tensor w = randn64({1, 1, 3, 3}, 58);
   EXPECT_THROW(conv2d_backward_input(randn64({1, 1, 2, 2}, 59).requires_grad_(), w, {1, 1, 4, 4}),
@@ -476,6 +475,21 @@ TEST(Autograd, Pools) {
     exclude.count_include_pad = false;
     gradcheck(pool(is_max, exclude), {leaf({1, 2, 5, 6}, 79)});
   }
+}
+
+// index_select and gather add their gradient back with index_add (repeated indices add up);
+// index_add's source gets index_select of the gradient.
+TEST(Autograd, IndexSelectGatherAndIndexAdd) {
+  Tensor idx = Tensor::from_vector<int64_t>({2, 0, 2, -1}, {4});
+  gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], 1, idx); },
+            {leaf({3, 4, 2}, 80)});
+  gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], 0, idx); },
+            {leaf({5, 3}, 81)});
+  Tensor idx2 = Tensor::from_vector<int64_t>({1, 1, 0, 3, 2, 1}, {2, 3});
+  gradcheck([&](const std::vector<Tensor>& in) { return gather(in[0], 0, idx2); },
+            {leaf({4, 3}, 82)});
+  gradcheck([&](const std::vector<Tensor>& in) { return index_add(in[0], 1, idx, in[1], 0.5); },
+            {leaf({3, 4, 2}, 83), leaf({3, 4, 2}, 84)});
 }
 
 // max_pool2d's gradient goes where PyTorch's indices point: to the first maximum of a window.

@@ -164,6 +164,14 @@ TEST(Errors, MiscellaneousInputChecks) {
   EXPECT_OPFORGE_ERROR(Tensor::empty({2, -1}), "empty");
   EXPECT_OPFORGE_ERROR(x.expand({3, 5}), "expand");
   EXPECT_OPFORGE_ERROR(Tensor::rand({3}, DType::Int32), "rand", "int32");
+  Tensor idx = Tensor::from_vector<int64_t>({0, 3}, {2});
+  EXPECT_OPFORGE_ERROR(opforge::index_add(x, 1, idx, f32({4, 3})), "index_add", "[4, 3]", "[4, 2]");
+  EXPECT_OPFORGE_ERROR(
+      opforge::index_add(x, 1, Tensor::from_vector<int64_t>({5}, {1}), f32({4, 1})), "index_add",
+      "5", "size 5");
+  EXPECT_OPFORGE_ERROR(opforge::index_add(Tensor::zeros({4, 5}, DType::Int32), 1, idx, f32({4, 2})),
+                       "index_add", "float32", "int32");
+  EXPECT_OPFORGE_ERROR(opforge::index_add(x, 1, f32({2}), f32({4, 2})), "index_add", "int64");
 }
 
 // Shape arithmetic is checked: int64 overflow, non-finite numbers and tensors too large for the

@@ -594,6 +594,28 @@ void check_copy(const KernelGroup& g, const VariantInfo& v) {
   expect_close(got_b, want_b, outer_shape, dt, exact());
 }
 
+// index_add with repeated and negative indices, into a dense input and into a broadcast one (as
+// index_select's gradient adds into a stride-0 zero).
+void check_index_add(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  int64_t inner = at_least(m[0], 5), n = at_least(m[1], 7), outer = at_least(m[2], 3), J = 13;
+  std::vector<int64_t> idx(static_cast<size_t>(J));
+  for (int64_t j = 0; j < J; j++) idx[size_t(j)] = (j * 5) % n - (j % 3 == 0 ? n : 0);
+  Tensor index = Tensor::from_vector(idx, {J});
+  Tensor src = random({outer, J, inner}, dt, Data::Unit, "variant/index_add s" + v.name);
+  for (bool broadcast : {false, true}) {
+    SCOPED_TRACE(broadcast ? "broadcast input" : "dense input");
+    Tensor x = broadcast
+                   ? random({1, 1, inner}, dt, Data::Unit, "variant/index_add b" + v.name)
+                         .expand({outer, n, inner})
+                   : random({outer, n, inner}, dt, Data::Unit, "variant/index_add x" + v.name);
+    Expected want = index_add(dense(x), 1, idx, dense(src), 1);
+    Tensor got = run_forced(g, v, [&] { return opforge::index_add(x, 1, index, src); });
+    expect_close(got, want, dt, opforge::is_floating(dt) ? accum_tol(dt, 4) : exact());
+  }
+}
+
 void check_gather(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
@@ -688,6 +710,7 @@ const std::map<std::string, Handler>& handlers() {
     t["avg_pool2d_backward"] = pool_backward_handler(false);
     t["copy"] = check_copy;
     t["gather"] = check_gather;
+    t["index_add"] = check_index_add;
     return t;
   }();
   return table;
@@ -734,6 +757,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
     m[op] = keys(kFloatTypes);
   m["copy"] = keys(kAllTypes);
   m["gather"] = keys(kAllTypes);
+  m["index_add"] = keys(kNumericTypes);
   return m;
 }
 

@@ -321,7 +321,9 @@ constexpr auto window(const char* name, WindowKind kind, Dtypes d, const char* a
 }
 
 // ---- movement: strided copies ----
-enum class MovementKind { copy, gather };
+// copy: a strided copy; gather: out(i, j, o) = in(i, index(j), o); index_add: out = dest, then
+// out(i, index(j), o) += src(i, j, o) for every j (PyTorch's index_add, index_select's gradient).
+enum class MovementKind { copy, gather, index_add };
 
 template <class Dtypes>
 struct MovementOp {

@@ -128,6 +128,8 @@ inline const auto window_ops = hana::make_tuple(
              Expr xs = a.w + a.attr["pad_w"] - r.x * a.attr["dil_w"],
                   ys = a.h + a.attr["pad_h"] - r.y * a.attr["dil_h"];
              Expr sw = a.attr["stride_w"], sh = a.attr["stride_h"];
+             // Rows of taps that fall outside the gradient add nothing: they are not visited.
+             r.where(ys >= 0 && ys < a.grad_h * sh);
              Expr co = group * cout_g + r.z;
              Expr g = Halide::select(xs % sw == 0 && ys % sh == 0,
                                      a.grad(xs / sw, ys / sh, co, a.n), Halide::cast(a.type, 0));

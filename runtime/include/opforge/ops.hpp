@@ -35,18 +35,19 @@ std::vector<Tensor> elementwise_results(const std::string& op, const std::vector
 // returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
 // the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                                    \
-  X(neg)                                                                                        \
-  X(abs)                                                                                        \
-  X(exp)                                                                                        \
-  X(log)                                                                                        \
-  X(log1p)                                                                                      \
-  X(expm1)                                                                                      \
-  X(sqrt)                                                                                       \
-  X(rsqrt)                                                                                      \
-  X(reciprocal)                                                                                 \
-  X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) \
-      X(sign) X(logical_not)
+#define OPFORGE_UNARY_OPS(X)                                                                     \
+  X(neg)                                                                                         \
+  X(abs)                                                                                         \
+  X(exp)                                                                                         \
+  X(log)                                                                                         \
+  X(log1p)                                                                                       \
+  X(expm1)                                                                                       \
+  X(sqrt)                                                                                        \
+  X(rsqrt)                                                                                       \
+  X(reciprocal)                                                                                  \
+  X(sin)                                                                                         \
+  X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) \
+      X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) \
   Tensor name(const Tensor& x);     \
   Tensor name##_out(const Tensor& out, const Tensor& x);
@@ -175,6 +176,11 @@ Tensor concat(const std::vector<Tensor>& xs, int axis = 0);
 // pads[d] = {before, after} for each dim, from the first.
 Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, double value = 0);
 Tensor index_select(const Tensor& x, int axis, const Tensor& index);
+// PyTorch's index_add: x with alpha * source's slices added at `index` along `axis` (indices may
+// repeat; every one adds). source has x's shape with index's length along `axis`. One kernel; it
+// is index_select's gradient, and index_select is its source's.
+Tensor index_add(const Tensor& x, int axis, const Tensor& index, const Tensor& source,
+                 double alpha = 1);
 Tensor gather(const Tensor& x, int axis, const Tensor& index);  // NumPy take along one axis
 // Writes src into dst (a view), broadcasting src and converting it to dst's dtype.
 void copy_into(const Tensor& dst, const Tensor& src);

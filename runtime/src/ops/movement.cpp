@@ -1,5 +1,6 @@
 // Movement family: strided copies (contiguous, concat, pad, broadcast writes) and index gathers.
 // Reshape, transpose, slice and expand are views in tensor.cpp and need no kernel.
+#include <cmath>
 #include <numeric>
 
 #include "autograd/record.hpp"
@@ -129,28 +130,71 @@ Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads
   return out;
 }
 
-Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
-  static const OpInfo& op = op_info("gather");
-  OPFORGE_CHECK(x_in.defined() && index.defined()) << "index_select: an input is undefined";
-  autograd::check_no_grad_needed("index_select", std::span<const Tensor>(&x_in, 1),
-                                 "its backward is an index_add kernel, not generated yet");
-  OPFORGE_CHECK(index.dim() <= 1) << "index_select: index must be 1-D, got shape "
+namespace {
+// index_select's and index_add's index: 1-D, int32 or int64, every entry in [-n, n); as int64.
+Tensor checked_index(const char* op, const Tensor& index, int64_t n, int axis) {
+  OPFORGE_CHECK(index.dim() <= 1) << op << ": index must be 1-D, got shape "
                                   << shape_str(index.shape());
   OPFORGE_CHECK(index.dtype() == DType::Int32 || index.dtype() == DType::Int64)
-      << "index_select: index must be int32 or int64, got " << dtype_name(index.dtype());
-  Tensor x = x_in.dim() == 0 ? x_in.reshape({1}) : x_in;
-  int ax = wrap_axis("index_select", axis, x.dim());
+      << op << ": index must be int32 or int64, got " << dtype_name(index.dtype());
   Tensor idx = index.to(DType::Int64).reshape({-1}).contiguous();
-  int64_t n = x.shape()[ax];
   const auto* iv = static_cast<const int64_t*>(idx.const_data());
   for (int64_t i = 0; i < idx.numel(); i++)
     OPFORGE_CHECK(iv[i] >= -n && iv[i] < n)
-        << "index_select: index " << iv[i] << " is out of range for dimension " << ax << " of size "
+        << op << ": index " << iv[i] << " is out of range for dimension " << axis << " of size "
         << n;
-  x = x.contiguous();
+  return idx;
+}
+
+// The (inner, n, outer) split of a shape around `axis`.
+std::array<int64_t, 2> outer_inner(const Shape& s, int axis) {
   int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; d++) outer *= x.shape()[d];
-  for (int d = ax + 1; d < x.dim(); d++) inner *= x.shape()[d];
+  for (int d = 0; d < axis; d++) outer *= s[size_t(d)];
+  for (int d = axis + 1; d < int(s.size()); d++) inner *= s[size_t(d)];
+  return {outer, inner};
+}
+
+Tensor index_add_kernel(const Tensor& dest_in, int ax, const Tensor& idx, const Tensor& src_in) {
+  const OpInfo& op = OPFORGE_OP("index_add");
+  const KernelGroup& g = op.group(std::string(dtype_name(dest_in.dtype())));
+  Tensor dest = dest_in.dim() == 0 ? dest_in.reshape({1}) : dest_in;
+  Tensor src = src_in.to(dest.dtype()).contiguous();
+  Tensor out = Tensor::empty(dest.shape(), dest.dtype());
+  if (out.numel() == 0) return place_like(out, {dest, src});
+  auto [outer, inner] = outer_inner(dest.shape(), ax);
+  int64_t n = dest.shape()[size_t(ax)], rows = idx.numel();
+  // dest may be any view (a zero gradient is a broadcast 0); it is read as (inner, n, outer).
+  Tensor d = dest.reshape({outer, n, inner});
+  View dv = view_of(d);
+  KernelArgs args;
+  args.input(std::move(dv));
+  args.input(dense_view(idx, {rows}));
+  args.input(dense_view(src, {inner, rows, outer}));
+  args.output(dense_view(out, {inner, n, outer}));
+  launch(g, extents({inner, n, outer}), std::move(args));
+  return out.reshape(dest_in.dim() == 0 ? Shape{} : dest_in.shape());
+}
+}  // namespace
+
+Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
+  OPFORGE_CHECK(x_in.defined() && index.defined()) << "index_select: an input is undefined";
+  if (autograd::wants_grad({x_in}))
+    return autograd::differentiable(
+        "index_select", {x_in}, [&] { return index_select(x_in, axis, index); },
+        [&](const Tensor&) {
+          return [shape = x_in.shape(), dtype = x_in.dtype(), axis,
+                  idx = index.to(DType::Int64).clone()](const std::vector<Tensor>& g) {
+            Tensor zeros = Tensor::zeros({}, dtype).expand(shape);
+            return std::vector<Tensor>{index_add(zeros, axis, idx, g[0])};
+          };
+        });
+  static const OpInfo& op = op_info("gather");
+  Tensor x = x_in.dim() == 0 ? x_in.reshape({1}) : x_in;
+  int ax = wrap_axis("index_select", axis, x.dim());
+  int64_t n = x.shape()[ax];
+  Tensor idx = checked_index("index_select", index, n, ax);
+  x = x.contiguous();
+  auto [outer, inner] = outer_inner(x.shape(), ax);
   Shape s = x.shape();
   s[ax] = idx.numel();
   Tensor out = Tensor::empty(s, x.dtype());
@@ -164,10 +208,41 @@ Tensor index_select(const Tensor& x_in, int axis, const Tensor& index) {
   return out;
 }
 
+Tensor index_add(const Tensor& x, int axis, const Tensor& index, const Tensor& source,
+                 double alpha) {
+  OPFORGE_CHECK(x.defined() && index.defined() && source.defined())
+      << "index_add: an input is undefined";
+  OPFORGE_CHECK(std::isfinite(alpha)) << "index_add: alpha is " << alpha;
+  if (autograd::wants_grad({x, source}))
+    return autograd::differentiable(
+        "index_add", {x, source}, [&] { return index_add(x, axis, index, source, alpha); },
+        [&](const Tensor&) {
+          return [axis, alpha, idx = index.to(DType::Int64).clone(), xd = x.dtype(),
+                  sd = source.dtype()](const std::vector<Tensor>& g) {
+            Tensor gs = index_select(g[0], axis, idx);
+            return std::vector<Tensor>{g[0].to(xd), (alpha == 1 ? gs : mul(gs, alpha)).to(sd)};
+          };
+        });
+  Tensor dest = x.dim() == 0 ? x.reshape({1}) : x;
+  int ax = wrap_axis("index_add", axis, dest.dim());
+  Tensor idx = checked_index("index_add", index, dest.shape()[size_t(ax)], ax);
+  Shape want = dest.shape();
+  want[size_t(ax)] = idx.numel();
+  Tensor src = source.dim() == 0 ? source.reshape({1}) : source;
+  OPFORGE_CHECK(src.shape() == want) << "index_add: source has shape " << shape_str(source.shape())
+                                     << ", expected " << shape_str(want) << " (the input's, with "
+                                     << idx.numel() << " along dimension " << ax << ")";
+  OPFORGE_CHECK(is_floating(x.dtype()) || x.dtype() == DType::Int32 || x.dtype() == DType::Int64)
+      << "index_add: the input is " << dtype_name(x.dtype())
+      << "; expected int32, int64, float32 or float64";
+  OPFORGE_CHECK(is_floating(x.dtype()) || !is_floating(source.dtype()))
+      << "index_add: a " << dtype_name(source.dtype()) << " source cannot be added into a "
+      << dtype_name(x.dtype()) << " input";
+  return index_add_kernel(x, ax, idx, alpha == 1 ? source : mul(source, alpha));
+}
+
 Tensor gather(const Tensor& x, int axis, const Tensor& index) {
   OPFORGE_CHECK(x.defined() && index.defined()) << "gather: an input is undefined";
-  autograd::check_no_grad_needed("gather", std::span<const Tensor>(&x, 1),
-                                 "its backward is a scatter_add kernel, not generated yet");
   OPFORGE_CHECK(x.dim() >= 1)
       << "gather: the input must have at least 1 dimension, got a 0-d tensor";
   int ax = wrap_axis("gather", axis, x.dim());
