@@ -13,7 +13,9 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   a.n = Var("n");
   a.m = Var("m");
   a.batch = Var("batch");
-  auto A = detail::add_input(p, t, 3, "a", false);
+  // A may have any strides (a transposed view: a matmul's weight gradient reads the activations'
+  // transpose), since schedules read it element by element; B and C are read in vectors along n.
+  auto A = detail::add_input(p, t, 3, "a", true);
   auto B = detail::add_input(p, t, 3, "b", false);
   a.a = Func(A);
   a.b = Func(B);

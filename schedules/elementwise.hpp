@@ -21,7 +21,13 @@ inline void manual_updates(gen::Pipeline& p, const Halide::Target& t) {
     outer = task;
   }
   p.out.parallel(outer).split(xr, xo, xi, v, TailStrategy::GuardWithIf).vectorize(xi);
-  p.staged.compute_at(p.out, xo).vectorize(p.staged.args()[0], v, TailStrategy::GuardWithIf);
+  // One vector's worth (one element of every outer dimension), in registers: a size known when
+  // compiled (the tail's is smaller).
+  std::vector<Var> sv = p.staged.args();
+  p.staged.compute_at(p.out, xo).store_in(Halide::MemoryType::Register);
+  p.staged.bound_storage(sv[0], v);
+  for (size_t d = 1; d < sv.size(); d++) p.staged.bound_extent(sv[d], 1);
+  p.staged.vectorize(sv[0], v, TailStrategy::GuardWithIf);
 }
 
 inline void manual_elementwise(gen::Pipeline& p, const Halide::Target& t) {

@@ -24,10 +24,12 @@ bool one_batch_stride(const Tensor& t, int64_t& stride) {
   return true;
 }
 
-// Halide view (inner, outer, batch) of a 2-D-or-more operand whose last dim has stride 1.
-View matrix_view(Tensor& t, int64_t batch) {
+// Halide view (inner, outer, batch) of a 2-D-or-more operand. The kernels read B (and C) in
+// vectors along its last dim, which must then have stride 1 (a transposed B is copied); A may have
+// any strides (`any_inner`).
+View matrix_view(Tensor& t, int64_t batch, bool any_inner = false) {
   int64_t bs;
-  if (t.strides().back() != 1 && t.shape().back() != 1) t = t.contiguous();
+  if (!any_inner && t.strides().back() != 1 && t.shape().back() != 1) t = t.contiguous();
   if (!one_batch_stride(t, bs)) {
     t = t.contiguous();
     one_batch_stride(t, bs);
@@ -37,7 +39,7 @@ View matrix_view(Tensor& t, int64_t batch) {
   v.n = 3;
   int r = t.dim();
   v.extent[0] = t.shape()[r - 1];
-  v.stride[0] = 1;
+  v.stride[0] = t.shape()[r - 1] == 1 ? 1 : t.strides()[r - 1];
   v.extent[1] = t.shape()[r - 2];
   v.stride[1] = t.strides()[r - 2];
   v.extent[2] = batch;
@@ -107,7 +109,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
       (K == 0) ? Tensor::zeros(out_shape, g.out_dtype) : Tensor::empty(out_shape, g.out_dtype);
   if (out.numel() > 0 && K > 0) {
     KernelArgs args;
-    args.input(matrix_view(a, B));
+    args.input(matrix_view(a, B, true));
     args.input(matrix_view(b, B));
     args.output(dense_view(out, {N, M, B}));
     launch(g, extents({N, M, K, B}), std::move(args));
@@ -129,13 +131,19 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
           return [sa = autograd::SavedTensor(a_in), sb = autograd::SavedTensor(b_in), c_shape,
                   alpha, beta, trans_a, trans_b](const std::vector<Tensor>& grads) {
             // out = alpha op(A) op(B) + beta C: d op(A) = alpha g op(B)^T, d op(B) = alpha op(A)^T
-            // g.
+            // g; a transposed operand's gradient is computed transposed (dB = alpha g^T op(A)),
+            // so that it comes out in the operand's own layout. Transposed views go in as the
+            // product's first operand, which the kernels read at any strides.
             Tensor a = sa.unpack("gemm"), b = sb.unpack("gemm"), g = grads[0];
             Tensor opa = trans_a ? a.transpose(0, 1) : a, opb = trans_b ? b.transpose(0, 1) : b;
-            Tensor ga = mul(matmul(g, opb.transpose(0, 1)), alpha);
-            Tensor gb = mul(matmul(opa.transpose(0, 1), g), alpha);
-            return std::vector<Tensor>{trans_a ? ga.transpose(0, 1) : ga,
-                                       trans_b ? gb.transpose(0, 1) : gb,
+            Tensor gt = g.transpose(0, 1);
+            Tensor ga = trans_a ? matmul(opb, gt) : matmul(g, opb.transpose(0, 1));
+            Tensor gb = trans_b ? matmul(gt, opa) : matmul(opa.transpose(0, 1), g);
+            if (alpha != 1) {
+              ga = mul(ga, alpha);
+              gb = mul(gb, alpha);
+            }
+            return std::vector<Tensor>{ga, gb,
                                        c_shape ? sum_to(mul(g, beta), *c_shape) : Tensor()};
           };
         });
@@ -163,7 +171,7 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   if (out.numel() == 0) return place_like(out, {a, b, c});
   if (K == 0) return place_like(mul(ce.contiguous(), beta), {a, b, c});
   KernelArgs args;
-  args.input(matrix_view(a, 1));
+  args.input(matrix_view(a, 1, true));
   args.input(matrix_view(b, 1));
   View cv;
   cv.bind(ce);
