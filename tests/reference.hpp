@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -711,6 +712,33 @@ struct PoolParams {
   bool count_include_pad = true;
 };
 
+// The same geometries as opforge's options.
+inline opforge::Conv2dOptions options_of(const ConvParams& p) {
+  opforge::Conv2dOptions o;
+  o.stride = {p.stride_h, p.stride_w};
+  o.padding = {p.pad_h, p.pad_w};
+  o.dilation = {p.dil_h, p.dil_w};
+  o.groups = p.groups;
+  return o;
+}
+inline opforge::Pool2dOptions options_of(const PoolParams& p) {
+  opforge::Pool2dOptions o;
+  o.kernel = {p.kernel_h, p.kernel_w};
+  o.stride = {p.stride_h, p.stride_w};
+  o.padding = {p.pad_h, p.pad_w};
+  o.count_include_pad = p.count_include_pad;
+  return o;
+}
+// A k x k pool of one stride and padding both ways.
+inline PoolParams square_pool(int64_t k, int64_t stride, int64_t pad, bool count_include_pad) {
+  PoolParams p;
+  p.kernel_h = p.kernel_w = k;
+  p.stride_h = p.stride_w = stride;
+  p.pad_h = p.pad_w = pad;
+  p.count_include_pad = count_include_pad;
+  return p;
+}
+
 // max_pool2d (is_max) or avg_pool2d on (N, C, H, W); stride 0 means the kernel size.
 inline Expected pool2d(const Dense& x, PoolParams p, bool is_max) {
   if (p.stride_h == 0) p.stride_h = p.kernel_h;
@@ -824,15 +852,21 @@ inline Expected pool2d_backward(const Dense& x, const Dense& grad, PoolParams p,
 // Movement
 // ---------------------------------------------------------------------------------------------
 
+// A shape as (outer, the extent of `axis`, inner); a negative axis counts from the end.
+inline std::array<int64_t, 3> split_at(const Shape& s, int& axis) {
+  int rank = int(s.size());
+  if (axis < 0) axis += rank;
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; d++) outer *= s[size_t(d)];
+  for (int d = axis + 1; d < rank; d++) inner *= s[size_t(d)];
+  return {outer, s[size_t(axis)], inner};
+}
+
 // PyTorch's index_add: x with alpha * source's slices added at index along `axis` (repeats add,
 // negative indices count from the end).
 inline Expected index_add(const Dense& x, int axis, const std::vector<int64_t>& index,
                           const Dense& source, double alpha) {
-  int rank = int(x.shape.size());
-  if (axis < 0) axis += rank;
-  int64_t outer = 1, n = x.shape[size_t(axis)], inner = 1;
-  for (int d = 0; d < axis; d++) outer *= x.shape[size_t(d)];
-  for (int d = axis + 1; d < rank; d++) inner *= x.shape[size_t(d)];
+  auto [outer, n, inner] = split_at(x.shape, axis);
   int64_t J = int64_t(index.size());
   Expected e{x.v, x.shape};
   for (int64_t o = 0; o < outer; o++)
@@ -847,11 +881,7 @@ inline Expected index_add(const Dense& x, int axis, const std::vector<int64_t>& 
 
 // NumPy take(x, index, axis) with a flat index list; negative indices count from the end.
 inline Expected take(const Dense& x, int axis, const std::vector<int64_t>& index) {
-  int rank = int(x.shape.size());
-  if (axis < 0) axis += rank;
-  int64_t outer = 1, n = x.shape[size_t(axis)], inner = 1;
-  for (int d = 0; d < axis; d++) outer *= x.shape[size_t(d)];
-  for (int d = axis + 1; d < rank; d++) inner *= x.shape[size_t(d)];
+  auto [outer, n, inner] = split_at(x.shape, axis);
   int64_t J = int64_t(index.size());
   Expected e;
   e.shape = x.shape;

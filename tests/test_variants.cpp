@@ -448,16 +448,9 @@ Handler pool_handler(bool is_max) {
     const int64_t* m = mins_of(v);
     int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3),
             N = at_least(m[3], 1);
-    opforge::Pool2dOptions o;  // 3x3, stride 1, padding 1: the output is as large as the input
-    o.kernel = {3, 3};
-    o.stride = {1, 1};
-    o.padding = {1, 1};
-    o.count_include_pad = false;
-    PoolParams p;
-    p.kernel_h = p.kernel_w = 3;
-    p.stride_h = p.stride_w = 1;
-    p.pad_h = p.pad_w = 1;
-    p.count_include_pad = false;
+    // 3x3, stride 1, padding 1: the output is as large as the input
+    PoolParams p = square_pool(3, 1, 1, false);
+    opforge::Pool2dOptions o = options_of(p);
     for (Layout l : {Layout::dense, Layout::views}) {
       SCOPED_TRACE(layout_name(l));
       Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name, 2, 3);
@@ -471,21 +464,13 @@ Handler pool_handler(bool is_max) {
 
 // The gradients of conv2d, at stride 1 (the kernels' specialised branch) and at stride 2 with
 // dilation (the general one), through the public ops.
-struct ConvCase {
-  opforge::Conv2dOptions o;
-  ConvParams p;
-};
-std::vector<ConvCase> conv_grad_cases() {
-  ConvCase plain, strided;
-  plain.o.padding = {1, 1};
-  plain.p.pad_h = plain.p.pad_w = 1;
-  strided.o.padding = {1, 2};
-  strided.o.stride = {2, 2};
-  strided.o.dilation = {1, 2};
-  strided.p.pad_h = 1;
-  strided.p.pad_w = 2;
-  strided.p.stride_h = strided.p.stride_w = 2;
-  strided.p.dil_w = 2;
+std::vector<ConvParams> conv_grad_cases() {
+  ConvParams plain, strided;
+  plain.pad_h = plain.pad_w = 1;
+  strided.pad_h = 1;
+  strided.pad_w = 2;
+  strided.stride_h = strided.stride_w = 2;
+  strided.dil_w = 2;
   return {plain, strided};
 }
 int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
@@ -498,16 +483,16 @@ void check_conv2d_backward_input(const KernelGroup& g, const VariantInfo& v) {
   // Call extents: the input gradient's (W, H, C, N).
   int64_t W = at_least(m[0], 7), H = at_least(m[1], 6), C = at_least(m[2], 4),
           N = at_least(m[3], 2), CO = 3;
-  for (const ConvCase& k : conv_grad_cases())
+  for (const ConvParams& k : conv_grad_cases())
     for (Layout l : {Layout::dense, Layout::views}) {
-      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.p.stride_w));
-      Shape gs = {N, CO, conv_out(H, 3, k.p.stride_h, k.p.pad_h, k.p.dil_h),
-                  conv_out(W, 3, k.p.stride_w, k.p.pad_w, k.p.dil_w)};
+      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w));
+      Shape gs = {N, CO, conv_out(H, 3, k.stride_h, k.pad_h, k.dil_h),
+                  conv_out(W, 3, k.stride_w, k.pad_w, k.dil_w)};
       Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbi g" + v.name);
       Tensor w = random_as(l, {CO, C, 3, 3}, dt, Data::Normal, "variant/convbi w" + v.name, 0, 1);
-      Expected want = conv2d_backward_input(dense(grad), dense(w), {N, C, H, W}, k.p);
+      Expected want = conv2d_backward_input(dense(grad), dense(w), {N, C, H, W}, k);
       Tensor got = run_forced(g, v, [&] {
-        return opforge::conv2d_backward_input(grad, w, {N, C, H, W}, k.o);
+        return opforge::conv2d_backward_input(grad, w, {N, C, H, W}, options_of(k));
       });
       expect_close(got, want, dt, accum_tol(dt, CO * 9));
     }
@@ -519,17 +504,17 @@ void check_conv2d_backward_weight(const KernelGroup& g, const VariantInfo& v) {
   // Call extents: the weight gradient's (KW, KH, C / groups, CO).
   int64_t KW = at_least(m[0], 3), KH = at_least(m[1], 2), C = at_least(m[2], 3),
           CO = at_least(m[3], 4), N = 2, H = 7, W = 11;
-  for (const ConvCase& k : conv_grad_cases())
+  for (const ConvParams& k : conv_grad_cases())
     for (Layout l : {Layout::dense, Layout::views}) {
-      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.p.stride_w));
-      Shape gs = {N, CO, conv_out(H, KH, k.p.stride_h, k.p.pad_h, k.p.dil_h),
-                  conv_out(W, KW, k.p.stride_w, k.p.pad_w, k.p.dil_w)};
+      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w));
+      Shape gs = {N, CO, conv_out(H, KH, k.stride_h, k.pad_h, k.dil_h),
+                  conv_out(W, KW, k.stride_w, k.pad_w, k.dil_w)};
       Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/convbw x" + v.name, 0, 1);
       Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbw g" + v.name);
       Shape ws = {CO, C, KH, KW};
-      Expected want = conv2d_backward_weight(dense(x), dense(grad), ws, k.p);
-      Tensor got =
-          run_forced(g, v, [&] { return opforge::conv2d_backward_weight(x, grad, ws, k.o); });
+      Expected want = conv2d_backward_weight(dense(x), dense(grad), ws, k);
+      Tensor got = run_forced(
+          g, v, [&] { return opforge::conv2d_backward_weight(x, grad, ws, options_of(k)); });
       expect_close(got, want, dt, accum_tol(dt, N * gs[2] * gs[3]));
     }
 }
@@ -545,17 +530,8 @@ Handler pool_backward_handler(bool is_max) {
     for (int64_t k : {3, 2})
       for (Layout l : {Layout::dense, Layout::views}) {
         SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(k));
-        const int64_t pad = k == 3 ? 1 : 0;
-        opforge::Pool2dOptions o;
-        o.kernel = {k, k};
-        o.stride = {2, 2};
-        o.padding = {pad, pad};
-        o.count_include_pad = false;
-        PoolParams p;
-        p.kernel_h = p.kernel_w = k;
-        p.stride_h = p.stride_w = 2;
-        p.pad_h = p.pad_w = pad;
-        p.count_include_pad = false;
+        PoolParams p = square_pool(k, 2, k == 3 ? 1 : 0, false);
+        opforge::Pool2dOptions o = options_of(p);
         Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/poolb" + v.name, 2, 3);
         Shape gs = {N, C, (H + 2 * p.pad_h - k) / 2 + 1, (W + 2 * p.pad_w - k) / 2 + 1};
         Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/poolb g" + v.name);

@@ -73,14 +73,9 @@ void check_conv(const Tensor& x, const Tensor& w, const Tensor& b, const ConvPar
                dname(dt));
   Expected want =
       conv2d(dense(x), dense(w), b.defined() ? b.to_double_vector() : std::vector<double>{}, p);
-  opforge::Conv2dOptions o;
-  o.stride = {p.stride_h, p.stride_w};
-  o.padding = {p.pad_h, p.pad_w};
-  o.dilation = {p.dil_h, p.dil_w};
-  o.groups = p.groups;
   Tensor got;
   try {
-    got = opforge::conv2d(x, w, b, o);
+    got = opforge::conv2d(x, w, b, options_of(p));
   } catch (const std::exception& e) {
     ADD_FAILURE() << "threw: " << e.what();
     return;
@@ -114,15 +109,6 @@ TEST_P(ConvTest, DefaultOptionsAreStride1NoPadding) {
   Tensor got = opforge::conv2d(x, w);
   expect_close(got, conv2d(dense(x), dense(w), {}, ConvParams{}), dt, accum_tol(dt, 18));
   EXPECT_EQ(got.shape(), (Shape{1, 3, 4, 3}));
-}
-
-opforge::Conv2dOptions options_of(const ConvParams& p) {
-  opforge::Conv2dOptions o;
-  o.stride = {p.stride_h, p.stride_w};
-  o.padding = {p.pad_h, p.pad_w};
-  o.dilation = {p.dil_h, p.dil_w};
-  o.groups = p.groups;
-  return o;
 }
 
 // conv2d's two gradient ops on every geometry above, against the scatter-form references.
@@ -221,11 +207,7 @@ void check_pool(const Tensor& x, PoolParams p, bool is_max, DType dt, const std:
                                       : ", exclude padding") +
                " at " + dname(dt));
   Expected want = pool2d(dense(x), p, is_max);
-  opforge::Pool2dOptions o;
-  o.kernel = {p.kernel_h, p.kernel_w};
-  o.stride = {p.stride_h, p.stride_w};
-  o.padding = {p.pad_h, p.pad_w};
-  o.count_include_pad = p.count_include_pad;
+  opforge::Pool2dOptions o = options_of(p);
   Tensor got;
   try {
     got = is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o);
@@ -265,11 +247,7 @@ TEST_P(PoolTest, GradientsMatchReference) {
       Tensor x = random(c.x, dt, Data::Normal, "poolg x " + c.label);
       Shape ys = pool2d(dense(x), p, is_max).shape;
       Tensor g = random(ys, dt, Data::Normal, "poolg g " + c.label);
-      opforge::Pool2dOptions o;
-      o.kernel = {p.kernel_h, p.kernel_w};
-      o.stride = {p.stride_h, p.stride_w};
-      o.padding = {p.pad_h, p.pad_w};
-      o.count_include_pad = p.count_include_pad;
+      opforge::Pool2dOptions o = options_of(p);
       try {
         Tensor got =
             is_max ? opforge::max_pool2d_backward(x, g, o) : opforge::avg_pool2d_backward(x, g, o);

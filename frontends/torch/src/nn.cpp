@@ -117,36 +117,44 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, DType 
   if (with_bias) bias = register_parameter("bias", uniform({out_features}, bound, dtype, g));
 }
 
+namespace {
+// A convolution layer's weight and bias (undefined without one), initialised as PyTorch does:
+// uniform in +-1/sqrt(fan_in), where fan_in is the weight's dim 1 times the kernel's area:
+// in_channels / groups for Conv2d, out_channels / groups for ConvTranspose2d (`transposed`), whose
+// weight is (in_channels, out_channels / groups, k, k).
+std::pair<Tensor, Tensor> conv_parameters(const char* layer, int64_t in_channels,
+                                          int64_t out_channels, int64_t kernel_size, int64_t groups,
+                                          bool transposed, bool with_bias, DType dtype,
+                                          Generator& g) {
+  OPFORGE_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && groups > 0 &&
+                in_channels % groups == 0 && out_channels % groups == 0)
+      << layer << ": channels " << in_channels << " -> " << out_channels << ", kernel "
+      << kernel_size << " and groups " << groups << " do not fit together";
+  int64_t rows = transposed ? in_channels : out_channels,
+          per_group = (transposed ? out_channels : in_channels) / groups;
+  double bound = 1 / std::sqrt(double(per_group * kernel_size * kernel_size));
+  Tensor weight = uniform({rows, per_group, kernel_size, kernel_size}, bound, dtype, g);
+  return {weight, with_bias ? uniform({out_channels}, bound, dtype, g) : Tensor()};
+}
+}  // namespace
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
                const Conv2dOptions& options, bool with_bias, DType dtype, Generator& g)
     : options_(options) {
-  OPFORGE_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.groups > 0 &&
-                in_channels % options.groups == 0 && out_channels % options.groups == 0)
-      << "Conv2d: channels " << in_channels << " -> " << out_channels << ", kernel " << kernel_size
-      << " and groups " << options.groups << " do not fit together";
-  int64_t fan_in = in_channels / options.groups * kernel_size * kernel_size;
-  double bound = 1 / std::sqrt(double(fan_in));
-  weight = register_parameter(
-      "weight", uniform({out_channels, in_channels / options.groups, kernel_size, kernel_size},
-                        bound, dtype, g));
-  if (with_bias) bias = register_parameter("bias", uniform({out_channels}, bound, dtype, g));
+  auto [w, b] = conv_parameters("Conv2d", in_channels, out_channels, kernel_size, options.groups,
+                                false, with_bias, dtype, g);
+  weight = register_parameter("weight", w);
+  if (with_bias) bias = register_parameter("bias", b);
 }
 
 ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
                                  const ConvTranspose2dOptions& options, bool with_bias, DType dtype,
                                  Generator& g)
     : options_(options) {
-  OPFORGE_CHECK(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.groups > 0 &&
-                in_channels % options.groups == 0 && out_channels % options.groups == 0)
-      << "ConvTranspose2d: channels " << in_channels << " -> " << out_channels << ", kernel "
-      << kernel_size << " and groups " << options.groups << " do not fit together";
-  // PyTorch takes the fan-in from the weight's dim 1, here the output channels per group.
-  int64_t fan_in = out_channels / options.groups * kernel_size * kernel_size;
-  double bound = 1 / std::sqrt(double(fan_in));
-  weight = register_parameter(
-      "weight", uniform({in_channels, out_channels / options.groups, kernel_size, kernel_size},
-                        bound, dtype, g));
-  if (with_bias) bias = register_parameter("bias", uniform({out_channels}, bound, dtype, g));
+  auto [w, b] = conv_parameters("ConvTranspose2d", in_channels, out_channels, kernel_size,
+                                options.groups, true, with_bias, dtype, g);
+  weight = register_parameter("weight", w);
+  if (with_bias) bias = register_parameter("bias", b);
 }
 
 Dropout::Dropout(double p, Generator& g) : p_(p), g_(&g) {
