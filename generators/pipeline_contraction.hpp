@@ -7,18 +7,28 @@ namespace opforge::gen {
 // ---- contraction: a(k, m, b), b(n, k, b), c(n, m, b); call extents (N, M, K, batch) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::contraction) {
-  Pipeline p = start<T>(op, op.has_c ? 3 : 2);
+  const bool nk = op.b_layout == BLayout::nk;
+  Pipeline p = start<T>(op, op.has_c ? 3 : 2, int(op.b_layout));
   Type t = halide_type<T>();
   ContractionArgs a;
   a.n = Var("n");
   a.m = Var("m");
   a.batch = Var("batch");
   // A may have any strides (a transposed view: a matmul's weight gradient reads the activations'
-  // transpose), since schedules read it element by element; B and C are read in vectors along n.
+  // transpose), since schedules read it element by element; B and C are read in vectors along n,
+  // or B along k where it is stored (n, k).
   auto A = detail::add_input(p, t, 3, "a", true);
   auto B = detail::add_input(p, t, 3, "b", false);
   a.a = Func(A);
-  a.b = Func(B);
+  if (nk) {
+    // Named: schedules find it by name (schedules/contraction.hpp, b_nk_of).
+    Var k("k");
+    Func b_nk("b_nk");
+    b_nk(a.n, k, a.batch) = B(k, a.n, a.batch);
+    a.b = b_nk;
+  } else {
+    a.b = Func(B);
+  }
   if (op.has_c) a.c = Func(detail::add_input(p, t, 3, "c", true));
   a.r = Halide::RDom(0, A.dim(0).extent(), "r");
   a.type = t;

@@ -7,7 +7,7 @@ namespace opforge::gen {
 // ---- reduction: in(i, k, o); call extents (inner, reduced, outer) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::reduction) {
-  Pipeline p = start<T>(op, 1 + op.extra_inputs, int(op.kind));
+  Pipeline p = start<T>(op, 1 + op.like_inputs + op.extra_inputs, int(op.kind));
   Type t = halide_type<T>();
   RedArgs a;
   a.i = Var("i");
@@ -15,6 +15,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   a.o = Var("o");
   auto in = detail::add_input(p, t, 3, "in", true);
   a.in = Func(in);
+  for (int j = 0; j < op.like_inputs; j++)
+    a.like.push_back(Func(detail::add_input(p, t, 3, "like" + std::to_string(j), true)));
   for (int e = 0; e < op.extra_inputs; e++)
     a.extra.push_back(Func(detail::add_input(p, t, 1, "extra" + std::to_string(e), false)));
   a.n = in.dim(1).extent();
@@ -35,7 +37,9 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   p.set_estimates = [p, normalize](int64_t size) mutable {
     std::vector<int64_t> ext = {1, size, size};
     p.inputs[0].set_estimates(detail::ranges(ext));
-    for (size_t e = 1; e < p.inputs.size(); e++) p.inputs[e].set_estimates({{0, int32_t(size)}});
+    for (size_t e = 1; e < p.inputs.size(); e++)
+      p.inputs[e].set_estimates(p.inputs[e].dimensions() == 3 ? detail::ranges(ext)
+                                                              : Halide::Region{{0, int32_t(size)}});
     p.out.set_estimates(normalize ? detail::ranges(ext) : detail::ranges({1, size}));
     detail::estimate_attrs(p, 1);
     return ext;

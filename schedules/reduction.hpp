@@ -44,6 +44,12 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   Expr rows = ob.dim(0).extent() == 1 && in.dim(1).stride() == 1;
   if (normalize) rows = rows && ob.dim(1).stride() == 1;
   Expr cols = ob.dim(0).extent() >= v && in.dim(0).stride() == 1;
+  // Inputs of in's shape (a gradient's) are laid out as it is.
+  for (const Halide::ImageParam& like : p.inputs)
+    if (like.dimensions() == 3 && like.name() != in.name()) {
+      rows = rows && like.dim(1).stride() == 1;
+      cols = cols && like.dim(0).stride() == 1;
+    }
   // Too few rows to occupy the cores, each long enough to be worth splitting.
   const int chunk = 1 << 16;
   Expr chunked = rows && ob.dim(1).extent() < 8 && in.dim(1).extent() >= 2 * chunk;

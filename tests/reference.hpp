@@ -564,6 +564,26 @@ inline Expected softmax(const Dense& x, int axis, bool log) {
   return e;
 }
 
+// The gradient of softmax (log: log_softmax) along `axis` at x, given g, the result's gradient.
+inline Expected softmax_grad(const Dense& x, const Dense& g, int axis, bool log) {
+  Expected y = softmax(x, axis, log), e = y;
+  int rank = int(x.shape.size());
+  if (axis < 0) axis += rank;
+  int64_t outer = 1, n = x.shape[size_t(axis)], inner = 1;
+  for (int d = 0; d < axis; d++) outer *= x.shape[size_t(d)];
+  for (int d = axis + 1; d < rank; d++) inner *= x.shape[size_t(d)];
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      auto at = [&](int64_t k) { return size_t((o * n + k) * inner + i); };
+      double s = 0;
+      for (int64_t k = 0; k < n; k++) s += log ? g.v[at(k)] : g.v[at(k)] * y.values[at(k)];
+      for (int64_t k = 0; k < n; k++)
+        e.values[at(k)] =
+            log ? g.v[at(k)] - std::exp(y.values[at(k)]) * s : y.values[at(k)] * (g.v[at(k)] - s);
+    }
+  return e;
+}
+
 // layer_norm over the trailing `ndims` dims; weight/bias empty means 1 and 0.
 inline Expected layer_norm(const Dense& x, int ndims, const std::vector<double>& weight,
                            const std::vector<double>& bias, double eps) {
@@ -663,6 +683,20 @@ inline Expected gemm(const Dense& a, const Dense& b, const std::optional<Dense>&
     for (auto& v : p.values) v *= alpha;
   }
   return p;
+}
+
+// PyTorch's linear: x (..., K) W^T (W: (N, K)) + bias (N values or none), then ReLU if asked.
+inline Expected linear(const Dense& x, const Dense& w, const std::optional<Dense>& bias,
+                       bool relu) {
+  int64_t K = x.shape.back(), M = 1;
+  for (size_t d = 0; d + 1 < x.shape.size(); d++) M *= x.shape[d];
+  Dense x2{x.v, {M, K}};
+  Expected y = gemm(x2, w, bias, 1, 1, false, true);
+  if (relu)
+    for (auto& v : y.values) v = v < 0 ? 0 : v;
+  y.shape = x.shape;
+  y.shape.back() = w.shape[0];
+  return y;
 }
 
 // ---------------------------------------------------------------------------------------------

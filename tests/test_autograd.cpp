@@ -116,6 +116,22 @@ TEST(Autograd, Gemm) {
             {leaf({3, 4}, 20), leaf({4, 2}, 21)});
 }
 
+TEST(Autograd, Linear) {
+  for (opforge::Activation act : {opforge::Activation::none, opforge::Activation::relu}) {
+    SCOPED_TRACE(act == opforge::Activation::relu ? "relu" : "none");
+    auto lin = [act](const std::vector<Tensor>& in) {
+      return linear(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), act);
+    };
+    gradcheck(lin, {leaf({3, 4}, 40), leaf({5, 4}, 41), leaf({5}, 42)});
+    gradcheck(lin, {leaf({2, 3, 4}, 43), leaf({5, 4}, 44)});  // batch dims, no bias
+    gradcheck(lin, {leaf({4}, 45), leaf({5, 4}, 46), leaf({5}, 47)});
+    // The data needs no gradient (a first layer): only the weight's and the bias's are made.
+    Tensor x = randn64({3, 4}, 48), w = leaf({5, 4}, 49), b = leaf({5}, 50);
+    gradcheck(lin, {x, w, b});
+    EXPECT_FALSE(x.grad().defined());
+  }
+}
+
 TEST(Autograd, Reductions) {
   Tensor x = leaf({3, 4}, 22);
   gradcheck([](const std::vector<Tensor>& in) { return sum(in[0], {1}); }, {x});

@@ -1,7 +1,8 @@
-// matmul (NumPy semantics: 1-D promotion, batch broadcasting) and gemm (alpha, beta, C broadcast,
-// transposes) against the float64 reference.
+// matmul (NumPy semantics: 1-D promotion, batch broadcasting), gemm (alpha, beta, C broadcast,
+// transposes) and linear (bias, ReLU, batch dims) against the float64 reference.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -167,6 +168,92 @@ TEST_P(GemmTest, Transposes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Floats, GemmTest, ::testing::ValuesIn(kFloatTypes),
+                         [](const ::testing::TestParamInfo<DType>& i) { return dname(i.param); });
+
+// ---- linear ----
+
+class LinearTest : public ::testing::TestWithParam<DType> {};
+
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, DType dt,
+                  const std::string& label) {
+  SCOPED_TRACE("linear " + label + ": x " + sstr(x.shape()) + ", W " + sstr(w.shape()) + ", bias " +
+               (b.defined() ? sstr(b.shape()) : "none") + (relu ? ", relu" : "") + " at " +
+               dname(dt));
+  std::optional<Dense> bd;
+  if (b.defined()) bd = dense(b);
+  Expected want = linear(dense(x), dense(w), bd, relu);
+  Tensor got;
+  try {
+    got = opforge::linear(x, w, b, relu ? opforge::Activation::relu : opforge::Activation::none);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw: " << e.what();
+    return;
+  }
+  expect_close(got, want, dt, accum_tol(dt, x.shape().back()));
+}
+
+TEST_P(LinearTest, ShapesBiasAndRelu) {
+  DType dt = GetParam();
+  struct MKN {
+    int64_t m, k, n;
+  };
+  // Below, at and past the hand schedule's whole blocks (64 x 16), K a whole number of vectors
+  // and not.
+  for (MKN s : {MKN{1, 1, 1}, MKN{7, 33, 5}, MKN{16, 64, 64}, MKN{130, 70, 90}, MKN{128, 784, 512},
+                MKN{33, 17, 130}}) {
+    std::string tag = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
+    Tensor x = random({s.m, s.k}, dt, Data::Normal, "linear x " + tag);
+    Tensor w = random({s.n, s.k}, dt, Data::Normal, "linear w " + tag);
+    Tensor b = random({s.n}, dt, Data::Normal, "linear b " + tag);
+    for (bool relu : {false, true}) {
+      check_linear(x, w, b, relu, dt, tag);
+      check_linear(x, w, Tensor(), relu, dt, tag + " no bias");
+    }
+  }
+}
+
+TEST_P(LinearTest, BatchDimsViewsAndEmpty) {
+  DType dt = GetParam();
+  Tensor w = random({20, 24}, dt, Data::Normal, "linear w");
+  Tensor b = random({20}, dt, Data::Normal, "linear b");
+  check_linear(random({2, 3, 24}, dt, Data::Normal, "linear x3"), w, b, true, dt, "3-D input");
+  check_linear(random({24}, dt, Data::Normal, "linear x1"), w, b, false, dt, "1-D input");
+  // strided input, transposed weight (copied to rows), strided bias
+  Tensor xs = random({17, 48}, dt, Data::Normal, "linear xs").slice(1, 0, 48, 2);
+  Tensor wt = random({24, 20}, dt, Data::Normal, "linear wt").transpose(0, 1);
+  Tensor bs = random({40}, dt, Data::Normal, "linear bs").slice(0, 0, 40, 2);
+  check_linear(xs, wt, bs, true, dt, "views");
+  check_linear(random({0, 24}, dt, Data::Normal, "linear x0"), w, b, false, dt, "no rows");
+  // No features: the bias alone, through the ReLU.
+  Tensor y = opforge::linear(Tensor::zeros({3, 0}, dt), Tensor::zeros({20, 0}, dt), b,
+                             opforge::Activation::relu);
+  expect_close(
+      y,
+      linear(dense(Tensor::zeros({3, 0}, dt)), dense(Tensor::zeros({20, 0}, dt)), dense(b), true),
+      dt, accum_tol(dt, 1));
+}
+
+TEST(Linear, BadShapesAreClearErrors) {
+  Tensor x = Tensor::ones({3, 4}), w = Tensor::ones({5, 4});
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const opforge::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              opforge::linear(x, Tensor::ones({5, 3}));
+            }).find("expects 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { opforge::linear(x, Tensor::ones({4})); }).find("out_features"),
+            std::string::npos);
+  EXPECT_NE(message([&] { opforge::linear(x, w, Tensor::ones({4})); }).find("bias has shape"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Floats, LinearTest, ::testing::ValuesIn(kFloatTypes),
                          [](const ::testing::TestParamInfo<DType>& i) { return dname(i.param); });
 
 }  // namespace

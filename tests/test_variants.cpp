@@ -348,6 +348,29 @@ Handler softmax_handler(bool log) {
   };
 }
 
+// softmax_backward, log_softmax_backward: x's gradient through autograd (the forward op's variant
+// is the placement's choice), for a random gradient of the result.
+Handler softmax_backward_handler(bool log) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    RedShape r = reduction_shape(v);
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(layout_name(l));
+      Shape s = {r.outer, r.reduced, r.inner};
+      Tensor x = random_as(l, s, dt, Data::Normal, "variant/softmax_backward x" + v.name, 0, 1);
+      Tensor gy = random_as(l, s, dt, Data::Normal, "variant/softmax_backward g" + v.name, 1, 2);
+      Expected want = softmax_grad(dense(x), dense(gy), 1, log);
+      Tensor leaf = x.detach().requires_grad_();
+      Tensor got = run_forced(g, v, [&] {
+        Tensor y = log ? opforge::log_softmax(leaf, 1) : opforge::softmax(leaf, 1);
+        y.backward(gy);
+        return leaf.grad();
+      });
+      expect_close(got, want, dt, loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
+    }
+  };
+}
+
 void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
@@ -417,6 +440,28 @@ void check_gemm(const KernelGroup& g, const VariantInfo& v) {
                   false);
     });
   }
+}
+
+// linear reads its weight (N, K) as stored: K both a whole number of vectors and not, so the
+// hand schedule's branch for each is run; with the ReLU.
+void check_linear(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  ASSERT_LE(m[3], 1) << what(g, v) << ": linear's calls have a batch extent of 1";
+  int64_t N = at_least(m[0], 7), M = at_least(m[1], 9);
+  for (int64_t K : {at_least(m[2], 13), at_least(m[2], 32)})
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(std::string(layout_name(l)) + " K " + std::to_string(K));
+      Tensor x = random_as(l, {M, K}, dt, Data::Normal, "variant/linear x" + v.name, 0, 1);
+      Tensor w = random_as(l, {N, K}, dt, Data::Normal, "variant/linear w" + v.name, 0, 1);
+      Tensor b = random({N}, dt, Data::Normal, "variant/linear b" + v.name);
+      Tensor got =
+          run_forced(g, v, [&] { return opforge::linear(x, w, b, opforge::Activation::relu); });
+      Dense wd = dense(w), bd = dense(b);
+      check_rows(got, M, K, dt, [&](int64_t r0, int64_t r1) {
+        return linear(dense(x.slice(0, r0, r1)), wd, bd, true);
+      });
+    }
 }
 
 // ---- window: output call extents (W, H, C, N) ----
@@ -674,9 +719,12 @@ const std::map<std::string, Handler>& handlers() {
         [](const Tensor& x) { return opforge::var(x, {1}, false, 1); }, same);
     t["softmax"] = softmax_handler(false);
     t["log_softmax"] = softmax_handler(true);
+    t["softmax_backward"] = softmax_backward_handler(false);
+    t["log_softmax_backward"] = softmax_backward_handler(true);
     t["layer_norm"] = check_layer_norm;
     t["matmul"] = check_matmul;
     t["gemm"] = check_gemm;
+    t["linear"] = check_linear;
     t["conv2d"] = check_conv2d;
     t["max_pool2d"] = pool_handler(true);
     t["avg_pool2d"] = pool_handler(false);
@@ -715,9 +763,12 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "var",
                          "softmax",
                          "log_softmax",
+                         "softmax_backward",
+                         "log_softmax_backward",
                          "layer_norm",
                          "matmul",
                          "gemm",
+                         "linear",
                          "conv2d",
                          "max_pool2d",
                          "avg_pool2d",

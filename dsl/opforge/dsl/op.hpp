@@ -203,6 +203,7 @@ constexpr auto compare(const char* name, Dtypes d, Fn fn) {
 // ---- reduction: canonical view in(i, k, o) = (inner, reduced, outer) ----
 struct RedArgs {
   Func in;                  // in(i, k, o)
+  std::vector<Func> like;   // more inputs of in's shape, like(i, k, o) (a gradient's g)
   std::vector<Func> extra;  // 1-D inputs indexed by k (layer_norm's weight and bias)
   Halide::Var i, o, k;
   Halide::RDom r;  // over the reduced extent
@@ -224,6 +225,7 @@ struct ReductionOp {
   OutRule out;
   Fn fn;  // returns the output expression at (i, o) or (i, k, o)
   int extra_inputs = 0;
+  int like_inputs = 0;
 };
 
 template <class Dtypes, class Fn>
@@ -236,8 +238,15 @@ constexpr auto normalize(const char* name, Dtypes d, Fn fn, const char* attrs = 
                          int extra_inputs = 0) {
   return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, attrs, same, fn, extra_inputs};
 }
+// A normalize op that reads `like_inputs` more tensors of its input's shape (a normalize op's
+// gradient reads its result and the result's gradient); they come after `in`, in order.
+template <class Dtypes, class Fn>
+constexpr auto normalize_like(const char* name, Dtypes d, int like_inputs, Fn fn) {
+  return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, "", same, fn, 0, like_inputs};
+}
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----
+// (b is a Func over the B buffer in either layout, always indexed (n, k, batch).)
 // Contraction and window algorithms return the accumulating Func and the output Func, so that a
 // hand schedule can tile the accumulation and compute it inside the output's tiles.
 struct AccOut {
@@ -252,6 +261,11 @@ struct ContractionArgs {
   Type type;
 };
 
+// How B is stored. `kn`: (K, N) row-major, as matmul takes it. `nk`: (N, K) row-major, a linear
+// layer's weight (out_features, in_features): the kernel reads it as B^T without a transposed copy,
+// and its hand schedule is a dot product along K (schedules/contraction.hpp).
+enum class BLayout { kn, nk };
+
 template <class Dtypes, class Fn>
 struct ContractionOp {
   static constexpr Family family = Family::contraction;
@@ -260,12 +274,14 @@ struct ContractionOp {
   const char* attrs;
   bool has_c;
   Fn fn;
+  BLayout b_layout = BLayout::kn;
   OutRule out = same;
 };
 
 template <class Dtypes, class Fn>
-constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool has_c, Fn fn) {
-  return ContractionOp<Dtypes, Fn>{name, d, attrs, has_c, fn};
+constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool has_c, Fn fn,
+                           BLayout b_layout = BLayout::kn) {
+  return ContractionOp<Dtypes, Fn>{name, d, attrs, has_c, fn, b_layout};
 }
 
 // ---- window: N, C, H, W images; Halide order in(w, h, c, n) ----

@@ -84,6 +84,19 @@ inline const auto reduction_ops = hana::make_tuple(
                 Expr m = detail::finite_max(a);
                 return a.x(a.k) - m - Halide::log(detail::sum_exp_shifted(a, m));
               }),
+    // Their gradients, from the result y (in) and its gradient g (like[0]), with the row's sum in
+    // the accumulator's type: softmax's is y (g - sum(g y)), log_softmax's g - exp(y) sum(g).
+    normalize_like("softmax_backward", floats, 1,
+                   [](const RedArgs& a) {
+                     Expr g = a.like[0](a.i, a.k, a.o), gr = a.like[0](a.i, a.r, a.o);
+                     Expr dot = Halide::cast(a.type, detail::acc_sum(gr * a.x(a.r)));
+                     return a.x(a.k) * (g - dot);
+                   }),
+    normalize_like("log_softmax_backward", floats, 1,
+                   [](const RedArgs& a) {
+                     Expr g = a.like[0](a.i, a.k, a.o), gr = a.like[0](a.i, a.r, a.o);
+                     return g - Halide::exp(a.x(a.k)) * Halide::cast(a.type, detail::acc_sum(gr));
+                   }),
     // extra inputs: weight(k), bias(k); attribute: eps
     normalize(
         "layer_norm", floats,

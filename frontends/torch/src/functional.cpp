@@ -34,15 +34,7 @@ void check_classes(const char* op, const Tensor& scores, const Tensor& target) {
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  OPFORGE_CHECK(x.defined() && weight.defined()) << "linear: an input is undefined";
-  OPFORGE_CHECK(weight.dim() == 2)
-      << "linear: weight must be (out_features, in_features), got " << shape_str(weight.shape());
-  OPFORGE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1))
-      << "linear: input of shape " << shape_str(x.shape()) << " has " << (x.dim() ? x.size(-1) : 0)
-      << " features, the weight " << shape_str(weight.shape()) << " expects " << weight.size(1);
-  if (x.dim() == 2) return gemm(x, weight, bias, 1, 1, false, true);  // one kernel with the bias
-  Tensor y = matmul(x, weight.transpose(0, 1));
-  return bias.defined() ? add(y, bias) : y;
+  return opforge::linear(x, weight, bias);
 }
 
 Tensor flatten(const Tensor& x, int start_dim, int end_dim) {

@@ -2,6 +2,7 @@
 #include "opforge/torch/nn.hpp"
 
 #include <cmath>
+#include <typeinfo>
 
 #include "opforge/autograd.hpp"
 #include "opforge/torch/optim.hpp"
@@ -204,7 +205,20 @@ void Sequential::push_back(std::shared_ptr<Module> layer) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& [name, layer] : named_children()) y = layer->forward(y);
+  const auto& layers = named_children();
+  for (size_t i = 0; i < layers.size(); i++) {
+    Module& layer = *layers[i].second;
+    // A Linear followed by a ReLU is one kernel, the ReLU applied as the product is stored (exact
+    // types only: a subclass may change what forward does).
+    if (i + 1 < layers.size() && typeid(layer) == typeid(Linear) &&
+        typeid(*layers[i + 1].second) == typeid(ReLU)) {
+      auto& lin = static_cast<Linear&>(layer);
+      y = opforge::linear(y, lin.weight, lin.bias, Activation::relu);
+      i++;
+      continue;
+    }
+    y = layer.forward(y);
+  }
   return y;
 }
 

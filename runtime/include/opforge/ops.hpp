@@ -35,18 +35,19 @@ std::vector<Tensor> elementwise_results(const std::string& op, const std::vector
 // returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
 // the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                                     \
-  X(neg)                                                                                         \
-  X(abs)                                                                                         \
-  X(exp)                                                                                         \
-  X(log)                                                                                         \
-  X(log1p)                                                                                       \
-  X(expm1)                                                                                       \
-  X(sqrt)                                                                                        \
-  X(rsqrt)                                                                                       \
-  X(reciprocal)                                                                                  \
-  X(sin)                                                                                         \
-  X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) \
+#define OPFORGE_UNARY_OPS(X)                                                              \
+  X(neg)                                                                                  \
+  X(abs)                                                                                  \
+  X(exp)                                                                                  \
+  X(log)                                                                                  \
+  X(log1p)                                                                                \
+  X(expm1)                                                                                \
+  X(sqrt)                                                                                 \
+  X(rsqrt)                                                                                \
+  X(reciprocal)                                                                           \
+  X(sin)                                                                                  \
+  X(cos)                                                                                  \
+  X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) \
       X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) \
   Tensor name(const Tensor& x);     \
@@ -118,6 +119,13 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // ONNX/BLAS gemm on 2-D operands: alpha * op(A) op(B) + beta * C, C broadcast to (M, N).
 Tensor gemm(const Tensor& a, const Tensor& b, const Tensor& c = {}, double alpha = 1,
             double beta = 1, bool trans_a = false, bool trans_b = false);
+// What linear may apply to its result in the same kernel.
+enum class Activation { none, relu };
+// PyTorch's linear: x (..., in_features) times the weight (out_features, in_features) transposed,
+// plus the bias (out_features) if given, then the activation: one kernel (the `linear` op), which
+// reads the weight as it is stored.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+              Activation activation = Activation::none);
 
 // ---- window (NCHW) ----
 struct Conv2dOptions {

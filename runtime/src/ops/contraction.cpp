@@ -143,8 +143,7 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
               ga = mul(ga, alpha);
               gb = mul(gb, alpha);
             }
-            return std::vector<Tensor>{ga, gb,
-                                       c_shape ? sum_to(mul(g, beta), *c_shape) : Tensor()};
+            return std::vector<Tensor>{ga, gb, c_shape ? sum_to(mul(g, beta), *c_shape) : Tensor()};
           };
         });
   static const OpInfo& op = op_info("gemm");
@@ -187,6 +186,106 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   args.output(dense_view(out, {N, M, 1}));
   launch(g, extents({N, M, K, 1}), std::move(args));
   return out;
+}
+
+namespace {
+// The gradients of linear(x, w, b, act) given g at its output y: the activation's first (ReLU's
+// from y itself, which is positive exactly where its input was), then matmul on views (the
+// weight's gradient reads g transposed, which contraction kernels take at any strides). x is only
+// read for the weight's gradient.
+// The rows of a linear layer's input: the product of its dims but the last.
+int64_t rows(const Shape& x_shape) {
+  int64_t m = 1;
+  for (size_t d = 0; d + 1 < x_shape.size(); d++) m *= x_shape[d];
+  return m;
+}
+
+struct LinearGrads {
+  Shape x_shape;
+  DType x_dtype, b_dtype;
+  bool need_x, need_w, need_b, has_b;
+  std::vector<Tensor> operator()(const Tensor& x, const Tensor& w, const Tensor& y,
+                                 Tensor g) const {
+    if (y.defined()) g = elementwise_backward("relu", {y}, g, {}, {true})[0];
+    const int64_t M = rows(x_shape);
+    Tensor g2 = g.reshape({M, w.size(0)});
+    std::vector<Tensor> grads(has_b ? 3 : 2);
+    if (need_x) grads[0] = matmul(g2, w).reshape(x_shape).to(x_dtype);
+    if (need_w) grads[1] = matmul(g2.transpose(0, 1), x.reshape({M, w.size(1)})).to(w.dtype());
+    if (need_b) grads[2] = sum(g2, {0}).to(b_dtype);
+    return grads;
+  }
+};
+}  // namespace
+
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Activation act) {
+  if (autograd::wants_grad({x_in, w_in, b_in})) {
+    std::vector<Tensor> in = {x_in, w_in};
+    if (b_in.defined()) in.push_back(b_in);
+    return autograd::differentiable(
+        "linear", std::span<const Tensor>(in), [&] { return linear(x_in, w_in, b_in, act); },
+        [&](const Tensor& y) {
+          // Only the gradients some input asks for: a first layer's input (the data) wants none,
+          // and its gradient would be a whole product.
+          LinearGrads grads{x_in.shape(),
+                            x_in.dtype(),
+                            b_in.defined() ? b_in.dtype() : DType::Float32,
+                            x_in.requires_grad(),
+                            w_in.requires_grad(),
+                            b_in.defined() && b_in.requires_grad(),
+                            b_in.defined()};
+          return [sx = grads.need_w ? autograd::SavedTensor(x_in) : autograd::SavedTensor(),
+                  sw = autograd::SavedTensor(w_in),
+                  sy = act == Activation::relu ? autograd::SavedTensor(y) : autograd::SavedTensor(),
+                  relu = act == Activation::relu, grads](const std::vector<Tensor>& g) {
+            return grads(grads.need_w ? sx.unpack("linear") : Tensor(), sw.unpack("linear"),
+                         relu ? sy.unpack("linear") : Tensor(), g[0]);
+          };
+        });
+  }
+  const OpInfo& op = OPFORGE_OP("linear");
+  OPFORGE_CHECK(x_in.defined() && w_in.defined()) << "linear: an input is undefined";
+  OPFORGE_CHECK(w_in.dim() == 2) << "linear: weight must be (out_features, in_features), got "
+                                 << shape_str(w_in.shape());
+  const int64_t N = w_in.size(0), K = w_in.size(1);
+  OPFORGE_CHECK(x_in.dim() >= 1 && x_in.size(-1) == K)
+      << "linear: input of shape " << shape_str(x_in.shape()) << " has "
+      << (x_in.dim() ? x_in.size(-1) : 0) << " features, the weight " << shape_str(w_in.shape())
+      << " expects " << K;
+  OPFORGE_CHECK(!b_in.defined() || (b_in.dim() == 1 && b_in.size(0) == N))
+      << "linear: bias has shape " << shape_str(b_in.shape()) << ", expected [" << N << "]";
+  DType dt = promote(x_in.dtype(), w_in.dtype());
+  if (b_in.defined()) dt = promote(dt, b_in.dtype());
+  const KernelGroup& g = op.group(std::string(dtype_name(is_floating(dt) ? dt : DType::Float32)));
+  Tensor x = x_in.to(g.in_dtype), w = w_in.to(g.in_dtype);
+  Tensor b = b_in.defined() ? b_in.to(g.in_dtype) : Tensor::zeros({N}, g.in_dtype);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(N);
+  const int64_t M = rows(x.shape());
+  x = x.reshape({M, K});
+  if (M * N == 0) return place_like(Tensor::empty(out_shape, g.out_dtype), {x, w});
+  if (K == 0) {  // no terms: the bias, through the activation
+    Tensor y = b.expand({M, N}).contiguous();
+    return (act == Activation::relu ? relu(y) : y).reshape(out_shape);
+  }
+  Tensor out = Tensor::empty({M, N}, g.out_dtype);
+  KernelArgs args;
+  args.input(matrix_view(x, 1, true));
+  args.input(matrix_view(w, 1));  // (K, N, 1): K at stride 1, a row of the weight per output
+  View bv;
+  bv.bind(b);
+  bv.n = 3;
+  bv.extent[0] = N;
+  bv.stride[0] = b.strides()[0];
+  bv.extent[1] = M;
+  bv.stride[1] = 0;
+  bv.extent[2] = 1;
+  bv.stride[2] = 0;
+  args.input(bv);
+  args.attrs(op, {act == Activation::relu ? 1.0 : 0.0});
+  args.output(dense_view(out, {N, M, 1}));
+  launch(g, extents({N, M, K, 1}), std::move(args));
+  return out.reshape(out_shape);
 }
 
 }  // namespace opforge

@@ -53,8 +53,11 @@ const KernelGroup& group_for(const OpInfo& op, DType t) {
   return op.group(std::string(dtype_name(t)));
 }
 
+// `like`: inputs of x's shape that the kernel reads at x's canonical view (a normalize op's
+// gradient reads the result's gradient beside the result).
 Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
-                     const AttrValues& attrs, const std::vector<Tensor>& extra) {
+                     const AttrValues& attrs, const std::vector<Tensor>& extra,
+                     std::vector<Tensor> like = {}) {
   const char* name = op.name.c_str();
   OPFORGE_CHECK(op.family == "reduction")
       << op.name << " is a " << op.family << " op, not a reduction";
@@ -62,11 +65,21 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   const KernelGroup& g = group_for(op, x.dtype());
   if (x.dtype() != g.in_dtype) x = cast(x, g.in_dtype);
   bool normalize = op.flags == kNormalize;
-  OPFORGE_CHECK(int(extra.size()) + 1 == op.num_inputs)
-      << name << ": expected " << op.num_inputs - 1 << " extra input(s), got " << extra.size();
+  OPFORGE_CHECK(int(extra.size() + like.size()) + 1 == op.num_inputs)
+      << name << ": expected " << op.num_inputs - 1 << " more input(s), got "
+      << extra.size() + like.size();
+  for (Tensor& t : like) {
+    OPFORGE_CHECK(t.defined() && t.shape() == x.shape())
+        << name << ": an input has shape " << (t.defined() ? shape_str(t.shape()) : "undefined")
+        << ", expected the first input's " << shape_str(x.shape());
+    if (t.dtype() != g.in_dtype) t = cast(t, g.in_dtype);
+  }
 
   bool scalar_in = x.dim() == 0;
-  if (scalar_in) x = x.reshape({1});
+  if (scalar_in) {
+    x = x.reshape({1});
+    for (Tensor& t : like) t = t.reshape({1});
+  }
   int rank = x.dim();
   axes = normalize_axes(name, axes, rank);
   Shape out_shape;
@@ -91,6 +104,7 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
     for (size_t i = 0; i < axes.size(); i++) axes[i] = first + int(i);
   }
   x = x.contiguous();
+  for (Tensor& t : like) t = t.contiguous();
   int64_t outer = 1, reduced = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
     if (d < axes.front())
@@ -110,6 +124,7 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   }
   KernelArgs args;
   args.input(dense_view(x, {inner, reduced, outer}));
+  for (const Tensor& t : like) args.input(dense_view(t, {inner, reduced, outer}));
   for (size_t e = 0; e < extra.size(); e++) {
     OPFORGE_CHECK(extra[e].numel() == reduced)
         << name << ": extra input " << e << " has " << extra[e].numel() << " elements, expected "
@@ -243,16 +258,20 @@ Tensor argmin(const Tensor& x, std::optional<int> axis, bool keepdims) {
   return arg_reduce(OPFORGE_OP("argmin"), x, axis, keepdims);
 }
 Tensor softmax(const Tensor& x, int axis) {
-  return reduce_recorded(
-      OPFORGE_OP("softmax"), x, {axis}, true, {}, kResult,
-      [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
-         const std::vector<int>& ax) { return mul(y, sub(g, sum(mul(g, y), ax, true))); });
+  return reduce_recorded(OPFORGE_OP("softmax"), x, {axis}, true, {}, kResult,
+                         [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
+                            const std::vector<int>& ax) {
+                           return run_reduction(OPFORGE_OP("softmax_backward"), y, ax, true, {}, {},
+                                                {g});
+                         });
 }
 Tensor log_softmax(const Tensor& x, int axis) {
-  return reduce_recorded(
-      OPFORGE_OP("log_softmax"), x, {axis}, true, {}, kResult,
-      [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
-         const std::vector<int>& ax) { return sub(g, mul(exp(y), sum(g, ax, true))); });
+  return reduce_recorded(OPFORGE_OP("log_softmax"), x, {axis}, true, {}, kResult,
+                         [](const Tensor&, const Tensor& y, const Tensor& g, const Shape&,
+                            const std::vector<int>& ax) {
+                           return run_reduction(OPFORGE_OP("log_softmax_backward"), y, ax, true, {},
+                                                {}, {g});
+                         });
 }
 
 namespace {
