@@ -91,18 +91,26 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // conv2d_backward_input is a convolution of the gradient: it gets conv2d's schedule.
   bool conv = kind == dsl::WindowKind::conv || kind == dsl::WindowKind::conv_grad_input;
   if (small || !conv) {
-    p.out.fuse(c, n, task).parallel(task).vectorize(w, v, TailStrategy::GuardWithIf);
+    // A parallel task is a group of image planes: one small plane (a 24 x 24 pool's) is less work
+    // than handing a task to a thread costs.
+    Var plane("plane");
+    Halide::OutputImageParam ob = p.out.output_buffers()[0];
+    p.out.fuse(c, n, task)
+        .split(task, task, plane, iterations_per_task(ob.dim(0).extent() * ob.dim(1).extent()),
+               TailStrategy::GuardWithIf)
+        .parallel(task)
+        .vectorize(w, v, TailStrategy::GuardWithIf);
     // Per-window results (max_pool2d_backward's argmax) once per image plane, not per use.
     for (Func& f : p.reductions) {
       std::vector<Var> fv = f.args();
-      f.compute_at(p.out, task).vectorize(fv[0], v, TailStrategy::GuardWithIf);
+      f.compute_at(p.out, plane).vectorize(fv[0], v, TailStrategy::GuardWithIf);
       f.update(0).vectorize(fv[0], v, TailStrategy::GuardWithIf);
     }
     if (conv) return {};
     // The image with its zero border, one plane at a time: the taps then load vectors rather
     // than clamp each lane.
     std::vector<Var> pv = p.padded.args();
-    p.padded.compute_at(p.out, task).vectorize(pv[0], v, TailStrategy::GuardWithIf);
+    p.padded.compute_at(p.out, plane).vectorize(pv[0], v, TailStrategy::GuardWithIf);
     // The pools' geometry is a run-time attribute: the common 2x2 pool of stride 2 gets a branch
     // of its own, where the windows' positions are shifts rather than divisions and the loops
     // over taps and windows have constant extents.
@@ -132,14 +140,12 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (half < v) tile(p.out.specialize(ob.dim(0).extent() >= v), v);
   tile(p.out, half);
   auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
-  Var wu("wu"), wv("wv");
-  p.acc.compute_at(p.out, wo).split(w, wu, wv, half).vectorize(wv).unroll(wu).unroll(c);
-  p.acc.update(0)
-      .split(w, wu, wv, half)
-      .reorder(wv, wu, c, r[0], r[1], r[2], h, n)
-      .vectorize(wv)
-      .unroll(wu)
-      .unroll(c);
+  // The accumulators are the tile: one full vector per output channel where the output is a vector
+  // wide, else a half one (a narrower vector would halve every multiply-add's width).
+  p.acc.compute_at(p.out, wo);
+  auto acc_update = [&](Stage update, int lanes) {
+    update.reorder(w, c, r[0], r[1], r[2], h, n).vectorize(w, lanes).unroll(c);
+  };
   // Materialise the zero-padded image once, so the inner loads are plain vector loads rather than
   // per-lane clamped gathers.
   std::vector<Var> pv = p.padded.args();
@@ -151,7 +157,15 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // conv2d_backward_input also picks its gradient rows by the vertical stride.
   if (kind == dsl::WindowKind::conv_grad_input)
     unit = unit && p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1;
-  p.acc.update(0).specialize(unit);
+  if (half < v) {
+    Expr wide = ob.dim(0).extent() >= v;
+    p.acc.specialize(wide).vectorize(w, v).unroll(c);
+    acc_update(p.acc.update(0).specialize(wide && unit), v);
+    acc_update(p.acc.update(0).specialize(wide), v);
+  }
+  p.acc.vectorize(w, half).unroll(c);
+  acc_update(p.acc.update(0).specialize(unit), half);
+  acc_update(p.acc.update(0), half);
   return {half, 1, tc, 1};
 }
 

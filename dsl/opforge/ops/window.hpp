@@ -60,8 +60,14 @@ inline Expr any_nan(const Expr& v) {
 inline Expr takes_max(const Expr& v, const Expr& cur) {
   return any_nan(v) || (!any_nan(cur) && v > cur);
 }
-inline Expr first_x(const WindowArgs& a, const Expr& wo) { return Halide::max(tap_x(a, wo, 0), 0); }
-inline Expr first_y(const WindowArgs& a, const Expr& ho) { return Halide::max(tap_y(a, ho, 0), 0); }
+// Without padding, the first tap itself: written so that a schedule specialised on no padding sees
+// a plain stride (a vector of windows then loads densely rather than lane by lane).
+inline Expr first_x(const WindowArgs& a, const Expr& wo) {
+  return Halide::select(a.attr["pad_w"] == 0, tap_x(a, wo, 0), Halide::max(tap_x(a, wo, 0), 0));
+}
+inline Expr first_y(const WindowArgs& a, const Expr& ho) {
+  return Halide::select(a.attr["pad_h"] == 0, tap_y(a, ho, 0), Halide::max(tap_y(a, ho, 0), 0));
+}
 
 // avg_pool2d's divisor for the window at (wo, ho): the whole kernel, or its part inside the image.
 inline Expr avg_count(const WindowArgs& a, const Expr& wo, const Expr& ho) {
