@@ -584,6 +584,32 @@ inline Expected softmax_grad(const Dense& x, const Dense& g, int axis, bool log)
   return e;
 }
 
+// Each row's -sum p log_softmax(x) over (N, C) scores x and target distributions p; with `g`
+// (one value per row), the scores' gradient (softmax(x) sum(p) - p) g instead.
+inline Expected cross_entropy(const Dense& x, const Dense& p,
+                              const std::vector<double>* g = nullptr) {
+  int64_t N = x.shape[0], C = x.shape[1];
+  Expected lsm = softmax(x, 1, true);
+  Expected e{std::vector<double>(size_t(g ? N * C : N), 0.0), g ? x.shape : Shape{N}};
+  for (int64_t n = 0; n < N; n++) {
+    double mass = 0, loss = 0;
+    for (int64_t c = 0; c < C; c++) {
+      size_t i = size_t(n * C + c);
+      mass += p.v[i];
+      if (p.v[i] != 0) loss -= p.v[i] * lsm.values[i];
+    }
+    if (!g) {
+      e.values[size_t(n)] = loss;
+      continue;
+    }
+    for (int64_t c = 0; c < C; c++) {
+      size_t i = size_t(n * C + c);
+      e.values[i] = (std::exp(lsm.values[i]) * mass - p.v[i]) * (*g)[size_t(n)];
+    }
+  }
+  return e;
+}
+
 // layer_norm over the trailing `ndims` dims; weight/bias empty means 1 and 0.
 inline Expected layer_norm(const Dense& x, int ndims, const std::vector<double>& weight,
                            const std::vector<double>& bias, double eps) {

@@ -132,6 +132,13 @@ TEST(Autograd, Linear) {
   }
 }
 
+TEST(Autograd, CrossEntropyAgainstTargetDistributions) {
+  auto ce = [](const std::vector<Tensor>& in) { return cross_entropy(in[0], in[1]); };
+  // Gradients for the scores and for the target distribution (PyTorch gives both).
+  gradcheck(ce, {leaf({4, 5}, 60), softmax(randn64({4, 5}, 61), 1).requires_grad_()});
+  gradcheck(ce, {leaf({3, 7}, 62), softmax(randn64({3, 7}, 63), 1)});
+}
+
 TEST(Autograd, Reductions) {
   Tensor x = leaf({3, 4}, 22);
   gradcheck([](const std::vector<Tensor>& in) { return sum(in[0], {1}); }, {x});

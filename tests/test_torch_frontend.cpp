@@ -107,6 +107,14 @@ TEST(TorchFunctional, CrossEntropyMatchesItsFormula) {
     }
     EXPECT_NEAR(loss.item(), ref, 1e-12);
   }
+  // Class probabilities, PyTorch's other target form: one-hot rows give the indices' loss.
+  {
+    Tensor z2 = Tensor::randn({N, C}, DType::Float64, g);
+    Tensor t2 = Tensor::from_vector<int64_t>({0, 3, 1, 1, 2}, {N});
+    EXPECT_NEAR(F::cross_entropy(z2, F::one_hot(t2, C, DType::Float64), 0.1).item(),
+                F::cross_entropy(z2, t2, 0.1).item(), 1e-12);
+    EXPECT_THROW(F::cross_entropy(z2, Tensor::zeros({N, C + 1}, DType::Float64)), Error);
+  }
   // a masked (-inf) logit elsewhere does not make the loss NaN
   Tensor masked = Tensor::from_vector<double>({1, -INFINITY, 0.5}, {1, 3}).requires_grad_();
   Tensor ce = F::cross_entropy(masked, Tensor::from_vector<int64_t>({0}, {1}));

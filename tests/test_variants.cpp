@@ -371,6 +371,33 @@ Handler softmax_backward_handler(bool log) {
   };
 }
 
+// cross_entropy (its forward) and cross_entropy_backward (through autograd): rows of scores against
+// random target distributions over the reduced extent as classes.
+Handler cross_entropy_handler(bool backward) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    const int64_t* m = mins_of(v);
+    ASSERT_LE(m[0], 1) << what(g, v) << ": cross_entropy's calls have an inner extent of 1";
+    int64_t C = at_least(m[1], 11), N = at_least(m[2], 5);
+    for (Layout l : {Layout::dense, Layout::views}) {
+      SCOPED_TRACE(layout_name(l));
+      Tensor x = random_as(l, {N, C}, dt, Data::Normal, "variant/cross_entropy x" + v.name, 0, 1);
+      Tensor p = opforge::softmax(random({N, C}, dt, Data::Normal, "variant/cross_entropy p"), 1);
+      Tensor gy = random({N}, dt, Data::Normal, "variant/cross_entropy g" + v.name);
+      std::vector<double> gv = gy.to_double_vector();
+      Expected want = cross_entropy(dense(x), dense(p), backward ? &gv : nullptr);
+      Tensor leaf = x.detach().requires_grad_(backward);
+      Tensor got = run_forced(g, v, [&] {
+        Tensor loss = opforge::cross_entropy(leaf, p);
+        if (!backward) return loss;
+        loss.backward(gy);
+        return leaf.grad();
+      });
+      expect_close(got, want, dt, loosest(accum_tol(dt, C), transcendental_tol(dt)));
+    }
+  };
+}
+
 void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
@@ -721,6 +748,8 @@ const std::map<std::string, Handler>& handlers() {
     t["log_softmax"] = softmax_handler(true);
     t["softmax_backward"] = softmax_backward_handler(false);
     t["log_softmax_backward"] = softmax_backward_handler(true);
+    t["cross_entropy"] = cross_entropy_handler(false);
+    t["cross_entropy_backward"] = cross_entropy_handler(true);
     t["layer_norm"] = check_layer_norm;
     t["matmul"] = check_matmul;
     t["gemm"] = check_gemm;
@@ -765,6 +794,8 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "log_softmax",
                          "softmax_backward",
                          "log_softmax_backward",
+                         "cross_entropy",
+                         "cross_entropy_backward",
                          "layer_norm",
                          "matmul",
                          "gemm",

@@ -238,6 +238,11 @@ constexpr auto normalize(const char* name, Dtypes d, Fn fn, const char* attrs = 
                          int extra_inputs = 0) {
   return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, attrs, same, fn, extra_inputs};
 }
+// A reduce op that reads `like_inputs` more tensors of its input's shape (after `in`, in order).
+template <class Dtypes, class Fn>
+constexpr auto reduce_like(const char* name, Dtypes d, int like_inputs, Fn fn) {
+  return ReductionOp<Dtypes, Fn>{name, ReductionKind::reduce, d, "", same, fn, 0, like_inputs};
+}
 // A normalize op that reads `like_inputs` more tensors of its input's shape (a normalize op's
 // gradient reads its result and the result's gradient); they come after `in`, in order.
 template <class Dtypes, class Fn>

@@ -97,6 +97,28 @@ inline const auto reduction_ops = hana::make_tuple(
                      Expr g = a.like[0](a.i, a.k, a.o), gr = a.like[0](a.i, a.r, a.o);
                      return g - Halide::exp(a.x(a.k)) * Halide::cast(a.type, detail::acc_sum(gr));
                    }),
+    // Cross-entropy of the scores x (in) against a target distribution p (like[0]) over the
+    // classes, one pass per row: -sum p log_softmax(x) = sum p (lse(x) - x). A class the target
+    // gives nothing adds nothing, even at a score of -inf (0 * inf would be a NaN).
+    reduce_like("cross_entropy", floats, 1,
+                [](const RedArgs& a) {
+                  Expr m = detail::finite_max(a);
+                  Expr lse = m + Halide::log(detail::sum_exp_shifted(a, m));
+                  Expr pr = a.like[0](a.i, a.r, a.o);
+                  Expr term =
+                      Halide::select(pr == 0, Halide::cast(a.type, 0), pr * (lse - a.x(a.r)));
+                  return Halide::cast(a.type, detail::acc_sum(term));
+                }),
+    // Its gradient for the scores, given the rows' loss gradients g (like[1], constant along a
+    // row): (softmax(x) sum(p) - p) g, in one kernel.
+    normalize_like("cross_entropy_backward", floats, 2,
+                   [](const RedArgs& a) {
+                     Expr m = detail::finite_max(a);
+                     Expr inv = Halide::cast(a.type, 1) / detail::sum_exp_shifted(a, m);
+                     Expr mass = Halide::cast(a.type, detail::acc_sum(a.like[0](a.i, a.r, a.o)));
+                     Expr p = a.like[0](a.i, a.k, a.o), g = a.like[1](a.i, a.k, a.o);
+                     return (Halide::exp(a.x(a.k) - m) * inv * mass - p) * g;
+                   }),
     // extra inputs: weight(k), bias(k); attribute: eps
     normalize(
         "layer_norm", floats,

@@ -1,5 +1,6 @@
-// torch.nn.functional over the op API: the losses are compositions of recorded ops, so their
-// gradients come from autograd (log_softmax's and the elementwise ops' backward kernels).
+// torch.nn.functional over the op API: the losses are recorded ops or compositions of them, so
+// their gradients come from autograd (cross_entropy's kernel, log_softmax's and the elementwise
+// ops' backward kernels).
 #include "opforge/torch/functional.hpp"
 
 #include <algorithm>
@@ -89,16 +90,24 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
                      Reduction reduction) {
-  check_classes("cross_entropy", logits, target);
   OPFORGE_CHECK(label_smoothing >= 0 && label_smoothing <= 1)
       << "cross_entropy: label_smoothing " << label_smoothing << " is not in [0, 1]";
-  const int64_t C = logits.size(1);
-  Tensor logp = opforge::log_softmax(logits, 1);
-  // The target distribution is (1 - e) on the class plus e / C on every class.
-  Tensor loss = neg(at_class(logp, target));
+  OPFORGE_CHECK(logits.defined() && target.defined()) << "cross_entropy: an input is undefined";
+  // Class probabilities (N, C), as PyTorch takes them too, or class indices (N).
+  Tensor probs;
+  if (is_floating(target.dtype()) && target.dim() == 2) {
+    OPFORGE_CHECK(target.shape() == logits.shape())
+        << "cross_entropy: class probabilities of shape " << shape_str(target.shape())
+        << ", expected the scores' " << shape_str(logits.shape());
+    probs = target;
+  } else {
+    check_classes("cross_entropy", logits, target);
+    probs = one_hot(target, logits.size(1), logits.dtype());
+  }
+  // The target distribution is (1 - e) of it plus e / C on every class.
   if (label_smoothing > 0)
-    loss = sub(mul(loss, 1 - label_smoothing), mul(sum(logp, {1}), label_smoothing / double(C)));
-  return reduce(loss, reduction);
+    probs = add(mul(probs, 1 - label_smoothing), label_smoothing / double(logits.size(1)));
+  return reduce(opforge::cross_entropy(logits, probs), reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {

@@ -35,20 +35,20 @@ std::vector<Tensor> elementwise_results(const std::string& op, const std::vector
 // returned. An expanded (stride-0) `out` is refused; an input that overlaps `out` other than as
 // the very same view is read completely before anything is written.
 // The one-input, attribute-free ops; ops_elementwise.cpp defines them from the same list.
-#define OPFORGE_UNARY_OPS(X)                                                              \
-  X(neg)                                                                                  \
-  X(abs)                                                                                  \
-  X(exp)                                                                                  \
-  X(log)                                                                                  \
-  X(log1p)                                                                                \
-  X(expm1)                                                                                \
-  X(sqrt)                                                                                 \
-  X(rsqrt)                                                                                \
-  X(reciprocal)                                                                           \
-  X(sin)                                                                                  \
-  X(cos)                                                                                  \
-  X(tanh) X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) \
-      X(logical_not)
+#define OPFORGE_UNARY_OPS(X) \
+  X(neg)                     \
+  X(abs)                     \
+  X(exp)                     \
+  X(log)                     \
+  X(log1p)                   \
+  X(expm1)                   \
+  X(sqrt)                    \
+  X(rsqrt)                   \
+  X(reciprocal)              \
+  X(sin)                     \
+  X(cos)                     \
+  X(tanh)                    \
+  X(sigmoid) X(relu) X(gelu) X(softplus) X(erf) X(floor) X(ceil) X(round) X(sign) X(logical_not)
 #define OPFORGE_DECLARE_UNARY(name) \
   Tensor name(const Tensor& x);     \
   Tensor name##_out(const Tensor& out, const Tensor& x);
@@ -109,6 +109,10 @@ Tensor argmax(const Tensor& x, std::optional<int> axis = std::nullopt, bool keep
 Tensor argmin(const Tensor& x, std::optional<int> axis = std::nullopt, bool keepdims = false);
 Tensor softmax(const Tensor& x, int axis = -1);
 Tensor log_softmax(const Tensor& x, int axis = -1);
+// Each row's cross-entropy of scores (N, C) against target distributions p (N, C): -sum p
+// log_softmax(scores), one kernel (`cross_entropy`); the scores' gradient is one kernel too
+// (`cross_entropy_backward`). torch::F::cross_entropy builds p from class indices.
+Tensor cross_entropy(const Tensor& scores, const Tensor& target_probs);
 // Normalises over the trailing dims named by normalized_shape; weight and bias default to 1 and 0.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);

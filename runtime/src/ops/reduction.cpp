@@ -274,6 +274,38 @@ Tensor log_softmax(const Tensor& x, int axis) {
                          });
 }
 
+Tensor cross_entropy(const Tensor& x, const Tensor& p) {
+  OPFORGE_CHECK(x.defined() && p.defined()) << "cross_entropy: an input is undefined";
+  OPFORGE_CHECK(x.dim() == 2) << "cross_entropy: expected (N, C) scores, got shape "
+                              << shape_str(x.shape());
+  OPFORGE_CHECK(p.shape() == x.shape())
+      << "cross_entropy: target probabilities of shape " << shape_str(p.shape())
+      << ", expected the scores' " << shape_str(x.shape());
+  OPFORGE_CHECK(is_floating(x.dtype()) && is_floating(p.dtype()))
+      << "cross_entropy: scores and target probabilities must be float32 or float64, got "
+      << dtype_name(x.dtype()) << " and " << dtype_name(p.dtype());
+  if (autograd::wants_grad({x, p}))
+    return autograd::differentiable(
+        "cross_entropy", {x, p}, [&] { return cross_entropy(x, p); },
+        [&](const Tensor&) {
+          return [sx = autograd::SavedTensor(x), sp = autograd::SavedTensor(p),
+                  need_x = x.requires_grad(),
+                  need_p = p.requires_grad()](const std::vector<Tensor>& g) {
+            Tensor xv = sx.unpack("cross_entropy"), pv = sp.unpack("cross_entropy");
+            // A row's loss gradient, constant along the row.
+            Tensor gr = g[0].unsqueeze(1).expand(xv.shape());
+            std::vector<Tensor> grads(2);
+            if (need_x)
+              grads[0] = run_reduction(OPFORGE_OP("cross_entropy_backward"), xv, {1}, true, {}, {},
+                                       {pv, gr})
+                             .to(xv.dtype());
+            if (need_p) grads[1] = mul(neg(log_softmax(xv, 1)), gr).to(pv.dtype());
+            return grads;
+          };
+        });
+  return run_reduction(OPFORGE_OP("cross_entropy"), x, {1}, false, {}, {}, {p});
+}
+
 namespace {
 // The gradients of layer_norm at x over `axes`, given g (the result's gradient): with
 // xhat = (x - mean) * rstd and gw = g * weight,

@@ -48,8 +48,10 @@ Tensor one_hot(const Tensor& target, int64_t num_classes, DType dtype = DType::I
 // log_probs (N, C) and class indices (N): -log_probs[i, target[i]], reduced.
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target,
                 Reduction reduction = Reduction::mean);
-// log_softmax then nll_loss, with PyTorch's label smoothing: the target distribution is
-// (1 - label_smoothing) on the class plus label_smoothing / C on every class.
+// -sum p log_softmax(logits) per sample, one kernel forward and one backward (opforge::
+// cross_entropy), against class indices (N) or class probabilities (N, C) as PyTorch takes them,
+// with PyTorch's label smoothing: the target distribution is (1 - label_smoothing) of the target
+// plus label_smoothing / C on every class.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0,
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
