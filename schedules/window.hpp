@@ -118,8 +118,13 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
                p.int_attr("stride_w") == 2 && p.int_attr("stride_h") == 2 &&
                p.int_attr("pad_w") == 0 && p.int_attr("pad_h") == 0;
     p.out.specialize(two);
-    if (p.acc.has_update_definition()) p.acc.update(0).specialize(two);
-    for (Func& f : p.reductions) f.update(0).specialize(two);
+    auto unrolled_taps = [&](Func& f) {
+      auto r = f.rvars(0);
+      Stage s = f.update(0).specialize(two);
+      for (const Halide::RVar& rv : r) s.unroll(rv);
+    };
+    if (p.acc.has_update_definition()) unrolled_taps(p.acc);
+    for (Func& f : p.reductions) unrolled_taps(f);
     return {};
   }
   // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs

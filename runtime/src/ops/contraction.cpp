@@ -47,6 +47,21 @@ View matrix_view(Tensor& t, int64_t batch, bool any_inner = false) {
   return v;
 }
 
+// A product's C, (M, N) at any strides (a bias is broadcast at stride 0), as the kernels' (n, m,
+// batch) view.
+View c_view(const Tensor& c) {
+  View v;
+  v.bind(c);
+  v.n = 3;
+  v.extent[0] = c.size(1);
+  v.stride[0] = c.strides()[1];
+  v.extent[1] = c.size(0);
+  v.stride[1] = c.strides()[0];
+  v.extent[2] = 1;
+  v.stride[2] = 0;
+  return v;
+}
+
 const KernelGroup& float_group(const OpInfo& op, DType a, DType b) {
   return op.group(std::string(dtype_name(promote(a, b))));
 }
@@ -172,16 +187,7 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
   KernelArgs args;
   args.input(matrix_view(a, 1, true));
   args.input(matrix_view(b, 1));
-  View cv;
-  cv.bind(ce);
-  cv.n = 3;
-  cv.extent[0] = N;
-  cv.stride[0] = ce.strides()[1];
-  cv.extent[1] = M;
-  cv.stride[1] = ce.strides()[0];
-  cv.extent[2] = 1;
-  cv.stride[2] = 0;
-  args.input(cv);
+  args.input(c_view(ce));
   args.attrs(op, {alpha, beta});
   args.output(dense_view(out, {N, M, 1}));
   launch(g, extents({N, M, K, 1}), std::move(args));
@@ -272,16 +278,8 @@ Tensor linear(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Activa
   KernelArgs args;
   args.input(matrix_view(x, 1, true));
   args.input(matrix_view(w, 1));  // (K, N, 1): K at stride 1, a row of the weight per output
-  View bv;
-  bv.bind(b);
-  bv.n = 3;
-  bv.extent[0] = N;
-  bv.stride[0] = b.strides()[0];
-  bv.extent[1] = M;
-  bv.stride[1] = 0;
-  bv.extent[2] = 1;
-  bv.stride[2] = 0;
-  args.input(bv);
+  Tensor rows_of_b = b.expand({M, N});
+  args.input(c_view(rows_of_b));
   args.attrs(op, {act == Activation::relu ? 1.0 : 0.0});
   args.output(dense_view(out, {N, M, 1}));
   launch(g, extents({N, M, K, 1}), std::move(args));
