@@ -195,10 +195,6 @@ Tensor gemm(const Tensor& a_in, const Tensor& b_in, const Tensor& c_in, double a
 }
 
 namespace {
-// The gradients of linear(x, w, b, act) given g at its output y: the activation's first (ReLU's
-// from y itself, which is positive exactly where its input was), then matmul on views (the
-// weight's gradient reads g transposed, which contraction kernels take at any strides). x is only
-// read for the weight's gradient.
 // The rows of a linear layer's input: the product of its dims but the last.
 int64_t rows(const Shape& x_shape) {
   int64_t m = 1;
@@ -206,6 +202,10 @@ int64_t rows(const Shape& x_shape) {
   return m;
 }
 
+// The gradients of linear(x, w, b, act) given g at its output y: the activation's first (ReLU's
+// from y itself, which is positive exactly where its input was), then matmul on views (the
+// weight's gradient reads g transposed, which contraction kernels take at any strides). x is only
+// read for the weight's gradient.
 struct LinearGrads {
   Shape x_shape;
   DType x_dtype, b_dtype;
