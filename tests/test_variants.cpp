@@ -398,6 +398,46 @@ Handler cross_entropy_handler(bool backward) {
   };
 }
 
+// layer_norm_backward: x's gradient through autograd (with a weight), against the float64 formula
+// rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g weight.
+void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const int64_t* m = mins_of(v);
+  ASSERT_LE(m[0], 1) << what(g, v) << ": layer_norm cannot be called with an inner extent above 1";
+  int64_t reduced = at_least(m[1], 17), outer = at_least(m[2], 5);
+  const double eps = 1e-5;
+  for (Layout l : {Layout::dense, Layout::views}) {
+    SCOPED_TRACE(layout_name(l));
+    Tensor x = random_as(l, {outer, reduced}, dt, Data::Normal, "variant/ln_bwd x" + v.name, 0, 1);
+    Tensor gy = random_as(l, {outer, reduced}, dt, Data::Normal, "variant/ln_bwd g" + v.name, 0, 1);
+    Tensor w = random({reduced}, dt, Data::Normal, "variant/ln_bwd w" + v.name);
+    std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(),
+                        wv = w.to_double_vector(), want(xv.size());
+    for (int64_t o = 0; o < outer; o++) {
+      auto at = [&](int64_t k) { return size_t(o * reduced + k); };
+      double mu = 0, var = 0, mgw = 0, mgwx = 0;
+      for (int64_t k = 0; k < reduced; k++) mu += xv[at(k)] / double(reduced);
+      for (int64_t k = 0; k < reduced; k++)
+        var += (xv[at(k)] - mu) * (xv[at(k)] - mu) / double(reduced);
+      double rstd = 1 / std::sqrt(var + eps);
+      for (int64_t k = 0; k < reduced; k++) {
+        double gw = gv[at(k)] * wv[size_t(k)];
+        mgw += gw / double(reduced);
+        mgwx += gw * (xv[at(k)] - mu) * rstd / double(reduced);
+      }
+      for (int64_t k = 0; k < reduced; k++)
+        want[at(k)] = rstd * (gv[at(k)] * wv[size_t(k)] - mgw - (xv[at(k)] - mu) * rstd * mgwx);
+    }
+    Tensor leaf = x.detach().requires_grad_();
+    Tensor got = run_forced(g, v, [&] {
+      opforge::layer_norm(leaf, {reduced}, w, Tensor(), eps).backward(gy);
+      return leaf.grad();
+    });
+    expect_close(got, Expected{want, {outer, reduced}}, dt,
+                 loosest(accum_tol(dt, reduced), transcendental_tol(dt)));
+  }
+}
+
 void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
@@ -751,6 +791,7 @@ const std::map<std::string, Handler>& handlers() {
     t["cross_entropy"] = cross_entropy_handler(false);
     t["cross_entropy_backward"] = cross_entropy_handler(true);
     t["layer_norm"] = check_layer_norm;
+    t["layer_norm_backward"] = check_layer_norm_backward;
     t["matmul"] = check_matmul;
     t["gemm"] = check_gemm;
     t["linear"] = check_linear;
@@ -797,6 +838,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "cross_entropy",
                          "cross_entropy_backward",
                          "layer_norm",
+                         "layer_norm_backward",
                          "matmul",
                          "gemm",
                          "linear",

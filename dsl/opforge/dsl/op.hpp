@@ -246,8 +246,10 @@ constexpr auto reduce_like(const char* name, Dtypes d, int like_inputs, Fn fn) {
 // A normalize op that reads `like_inputs` more tensors of its input's shape (a normalize op's
 // gradient reads its result and the result's gradient); they come after `in`, in order.
 template <class Dtypes, class Fn>
-constexpr auto normalize_like(const char* name, Dtypes d, int like_inputs, Fn fn) {
-  return ReductionOp<Dtypes, Fn>{name, ReductionKind::normalize, d, "", same, fn, 0, like_inputs};
+constexpr auto normalize_like(const char* name, Dtypes d, int like_inputs, Fn fn,
+                              const char* attrs = "", int extra_inputs = 0) {
+  return ReductionOp<Dtypes, Fn>{
+      name, ReductionKind::normalize, d, attrs, same, fn, extra_inputs, like_inputs};
 }
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----

@@ -131,6 +131,27 @@ inline const auto reduction_ops = hana::make_tuple(
                         Halide::sqrt(var + Halide::cast(acc, a.attr["eps"]));
           return Halide::cast(a.type, normed) * a.extra[0](a.k) + a.extra[1](a.k);
         },
-        "eps", 2));
+        "eps", 2),
+    // Its gradient for the input, from x (in), the result's gradient g (like[0]) and the weight
+    // (extra[0]): with xhat = (x - mean) rstd and gw = g weight,
+    // rstd (gw - mean(gw) - xhat mean(gw xhat)), every mean in the accumulator's type.
+    normalize_like(
+        "layer_norm_backward", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr n = Halide::cast(acc, a.n);
+          Expr mu = detail::mean(a);
+          Expr d = Halide::cast(acc, a.x(a.r)) - mu;
+          Expr rstd =
+              1 / Halide::sqrt(detail::acc_sum(d * d) / n + Halide::cast(acc, a.attr["eps"]));
+          auto gw = [&](const Expr& kk) {
+            return Halide::cast(acc, a.like[0](a.i, kk, a.o) * a.extra[0](kk));
+          };
+          auto xhat = [&](const Expr& kk) { return (Halide::cast(acc, a.x(kk)) - mu) * rstd; };
+          Expr mean_gw = detail::acc_sum(gw(a.r)) / n;
+          Expr mean_gwx = detail::acc_sum(gw(a.r) * xhat(a.r)) / n;
+          return Halide::cast(a.type, rstd * (gw(a.k) - mean_gw - xhat(a.k) * mean_gwx));
+        },
+        "eps", 1));
 
 }  // namespace opforge::ops

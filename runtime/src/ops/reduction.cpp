@@ -310,15 +310,18 @@ namespace {
 // The gradients of layer_norm at x over `axes`, given g (the result's gradient): with
 // xhat = (x - mean) * rstd and gw = g * weight,
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), dweight = sum(g * xhat), dbias = sum(g).
-std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w,
+// dx is one generated kernel (layer_norm_backward); the weight's and bias's are sums over the rows.
+std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Shape& normalized,
                                      const std::optional<Shape>& bias_shape, const Tensor& g,
                                      const std::vector<int>& axes, double eps) {
-  Tensor rstd = rsqrt(add(var(x, axes, true), eps));
-  Tensor xhat = mul(sub(x, mean(x, axes, true)), rstd);
-  Tensor gw = w.defined() ? mul(g, w) : g;
-  Tensor dx =
-      mul(rstd, sub(sub(gw, mean(gw, axes, true)), mul(xhat, mean(mul(gw, xhat), axes, true))));
-  Tensor dw = w.defined() ? sum_to(mul(g, xhat), w.shape()) : Tensor();
+  DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
+  Tensor dx = run_reduction(OPFORGE_OP("layer_norm_backward"), x, axes, true, {eps},
+                            {w.defined() ? w : Tensor::ones(normalized, d)}, {g});
+  Tensor dw;
+  if (w.defined()) {
+    Tensor xhat = mul(sub(x, mean(x, axes, true)), rsqrt(add(var(x, axes, true), eps)));
+    dw = sum_to(mul(g, xhat), w.shape());
+  }
   Tensor db = bias_shape ? sum_to(g, *bias_shape) : Tensor();
   return {dx, dw, db};
 }
@@ -337,9 +340,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
           std::optional<Shape> bias_shape;
           if (bias.defined()) bias_shape = bias.shape();
           return [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(weight), bias_shape,
-                  axes, eps](const std::vector<Tensor>& g) {
-            return layer_norm_grads(sx.unpack("layer_norm"), sw.unpack("layer_norm"), bias_shape,
-                                    g[0], axes, eps);
+                  normalized_shape, axes, eps](const std::vector<Tensor>& g) {
+            return layer_norm_grads(sx.unpack("layer_norm"), sw.unpack("layer_norm"),
+                                    normalized_shape, bias_shape, g[0], axes, eps);
           };
         });
   int k = int(normalized_shape.size());
