@@ -4,6 +4,9 @@
 
 namespace opforge::gen {
 
+// The Func through which a kernel reads a B stored (n, k); hand schedules find it by this name.
+inline constexpr const char* kBnkName = "b_nk";
+
 // ---- contraction: a(k, m, b), b(n, k, b), c(n, m, b); call extents (N, M, K, batch) ----
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::contraction) {
@@ -21,9 +24,8 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   auto B = detail::add_input(p, t, 3, "b", false);
   a.a = Func(A);
   if (nk) {
-    // Named: schedules find it by name (schedules/contraction.hpp, b_nk_of).
     Var k("k");
-    Func b_nk("b_nk");
+    Func b_nk(kBnkName);
     b_nk(a.n, k, a.batch) = B(k, a.n, a.batch);
     a.b = b_nk;
   } else {

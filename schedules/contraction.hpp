@@ -1,16 +1,17 @@
 // The hand schedules (CPU and GPU) of contractions: register-tiled, packed and small on the CPU;
 // dot products of rows where B is stored (n, k).
 #pragma once
+#include "generators/pipeline_contraction.hpp"
 #include "schedules/common.hpp"
 
 namespace opforge::schedules {
 
-// The Func that reads a B stored (n, k) (generators/pipeline_contraction.hpp), undefined if B is
-// stored (k, n).
+// The Func that reads a B stored (n, k) (generators/pipeline_contraction.hpp).
 inline Func b_nk_of(const gen::Pipeline& p) {
+  const std::string prefix = std::string(gen::kBnkName) + "$";  // Halide makes names unique
   for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
-    if (name == "b_nk" || name.rfind("b_nk$", 0) == 0) return Func(f);  // names made unique
-  return Func();
+    if (name == gen::kBnkName || name.rfind(prefix, 0) == 0) return Func(f);
+  throw std::runtime_error(p.op + ": B is stored (n, k) but no " + gen::kBnkName + " reads it");
 }
 
 // B stored (n, k), a linear layer's weight: each output is a dot product of two rows, both read in
@@ -60,8 +61,7 @@ inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::T
   int v = vector_lanes(t, p.in_dtype);
   Var n = p.vars[0], m = p.vars[1], batch = p.vars[2];
   Halide::RVar r = p.acc.rvars(0)[0];
-  Func b_nk = b_nk_of(p);
-  const bool nk = b_nk.defined();
+  const bool nk = p.variant_flags == int(dsl::BLayout::nk);
   if (nk && !small && !packed) return manual_contraction_nk(p, t);
   if (small) {
     p.out.parallel(batch).vectorize(n, v, TailStrategy::GuardWithIf);
@@ -87,7 +87,7 @@ inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::T
     // apart maps to a few cache sets and thrashes (measured at 2048: 0.47x OpenBLAS unpacked,
     // 0.67x packed). The copy costs more than it saves on small products, so both variants exist.
     // A B stored (n, k) is transposed by that copy.
-    Func bp = nk ? b_nk : p.inputs[1].in(p.acc);
+    Func bp = nk ? b_nk_of(p) : p.inputs[1].in(p.acc);
     std::vector<Var> bv = bp.args();
     Expr n_ext = p.inputs[1].dim(nk ? 1 : 0).extent();
     bp.compute_root()

@@ -142,7 +142,8 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
         .unroll(ci);
   };
   Halide::OutputImageParam ob = p.out.output_buffers()[0];
-  if (half < v) tile(p.out.specialize(ob.dim(0).extent() >= v), v);
+  Expr wide = ob.dim(0).extent() >= v;  // a whole vector of outputs along w
+  if (half < v) tile(p.out.specialize(wide), v);
   tile(p.out, half);
   auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
   // The accumulators are the tile: one full vector per output channel where the output is a vector
@@ -163,7 +164,6 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (kind == dsl::WindowKind::conv_grad_input)
     unit = unit && p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1;
   if (half < v) {
-    Expr wide = ob.dim(0).extent() >= v;
     p.acc.specialize(wide).vectorize(w, v).unroll(c);
     acc_update(p.acc.update(0).specialize(wide && unit), v);
     acc_update(p.acc.update(0).specialize(wide), v);

@@ -211,6 +211,7 @@ struct RedArgs {
   Attrs attr;
   Type type, out_type;
   Expr x(const Expr& kk) const { return in(i, kk, o); }
+  Expr like_at(size_t j, const Expr& kk) const { return like[j](i, kk, o); }
 };
 
 enum class ReductionKind { reduce, normalize };  // reduce: out(i, o); normalize: out(i, k, o)

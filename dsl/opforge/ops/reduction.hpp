@@ -30,6 +30,23 @@ inline Expr mean(const RedArgs& a) {
 inline Expr sum_exp_shifted(const RedArgs& a, const Expr& m) {
   return Halide::cast(a.type, acc_sum(Halide::exp(a.x(a.r) - m)));
 }
+// The row's log-sum-exp, from its finite max.
+inline Expr lse(const RedArgs& a) {
+  Expr m = finite_max(a);
+  return m + Halide::log(sum_exp_shifted(a, m));
+}
+// softmax at kk: a product with the row's reciprocal, one division per row instead of one per
+// element.
+inline Expr softmax_at(const RedArgs& a, const Expr& kk) {
+  Expr m = finite_max(a);
+  return Halide::exp(a.x(kk) - m) * (Halide::cast(a.type, 1) / sum_exp_shifted(a, m));
+}
+// layer_norm's sqrt(var + eps) over the row, about its mean mu, in the accumulator's type.
+inline Expr norm_std(const RedArgs& a, const Expr& mu) {
+  Halide::Type acc = acc_type(a.type);
+  Expr d = Halide::cast(acc, a.x(a.r)) - mu;
+  return Halide::sqrt(acc_sum(d * d) / Halide::cast(acc, a.n) + Halide::cast(acc, a.attr["eps"]));
+}
 inline Expr nan_aware(const RedArgs& a, const Expr& v) {
   return a.type.is_float() ? select(any_nan(a), Halide::cast(a.type, NAN), v) : v;
 }
@@ -57,11 +74,7 @@ inline const auto reduction_ops = hana::make_tuple(
     reduce(
         "argmin", numeric, [](const RedArgs& a) { return Halide::argmin(a.r, a.x(a.r))[0]; },
         to_int64),
-    reduce("logsumexp", floats,
-           [](const RedArgs& a) {
-             Expr m = detail::finite_max(a);
-             return m + Halide::log(detail::sum_exp_shifted(a, m));
-           }),
+    reduce("logsumexp", floats, [](const RedArgs& a) { return detail::lse(a); }),
     reduce(
         "var", floats,
         [](const RedArgs& a) {
@@ -71,14 +84,7 @@ inline const auto reduction_ops = hana::make_tuple(
                                                                 Halide::cast(acc, a.attr["ddof"])));
         },
         same, "ddof"),
-    normalize("softmax", floats,
-              [](const RedArgs& a) {
-                Expr m = detail::finite_max(a);
-                // A product with the row's reciprocal: one division per row instead of one per
-                // element.
-                return Halide::exp(a.x(a.k) - m) *
-                       (Halide::cast(a.type, 1) / detail::sum_exp_shifted(a, m));
-              }),
+    normalize("softmax", floats, [](const RedArgs& a) { return detail::softmax_at(a, a.k); }),
     normalize("log_softmax", floats,
               [](const RedArgs& a) {
                 Expr m = detail::finite_max(a);
@@ -88,36 +94,32 @@ inline const auto reduction_ops = hana::make_tuple(
     // the accumulator's type: softmax's is y (g - sum(g y)), log_softmax's g - exp(y) sum(g).
     normalize_like("softmax_backward", floats, 1,
                    [](const RedArgs& a) {
-                     Expr g = a.like[0](a.i, a.k, a.o), gr = a.like[0](a.i, a.r, a.o);
-                     Expr dot = Halide::cast(a.type, detail::acc_sum(gr * a.x(a.r)));
-                     return a.x(a.k) * (g - dot);
+                     Expr dot = Halide::cast(a.type, detail::acc_sum(a.like_at(0, a.r) * a.x(a.r)));
+                     return a.x(a.k) * (a.like_at(0, a.k) - dot);
                    }),
     normalize_like("log_softmax_backward", floats, 1,
                    [](const RedArgs& a) {
-                     Expr g = a.like[0](a.i, a.k, a.o), gr = a.like[0](a.i, a.r, a.o);
-                     return g - Halide::exp(a.x(a.k)) * Halide::cast(a.type, detail::acc_sum(gr));
+                     return a.like_at(0, a.k) -
+                            Halide::exp(a.x(a.k)) *
+                                Halide::cast(a.type, detail::acc_sum(a.like_at(0, a.r)));
                    }),
     // Cross-entropy of the scores x (in) against a target distribution p (like[0]) over the
     // classes, one pass per row: -sum p log_softmax(x) = sum p (lse(x) - x). A class the target
     // gives nothing adds nothing, even at a score of -inf (0 * inf would be a NaN).
     reduce_like("cross_entropy", floats, 1,
                 [](const RedArgs& a) {
-                  Expr m = detail::finite_max(a);
-                  Expr lse = m + Halide::log(detail::sum_exp_shifted(a, m));
-                  Expr pr = a.like[0](a.i, a.r, a.o);
-                  Expr term =
-                      Halide::select(pr == 0, Halide::cast(a.type, 0), pr * (lse - a.x(a.r)));
+                  Expr pr = a.like_at(0, a.r);
+                  Expr term = Halide::select(pr == 0, Halide::cast(a.type, 0),
+                                             pr * (detail::lse(a) - a.x(a.r)));
                   return Halide::cast(a.type, detail::acc_sum(term));
                 }),
     // Its gradient for the scores, given the rows' loss gradients g (like[1], constant along a
     // row): (softmax(x) sum(p) - p) g, in one kernel.
     normalize_like("cross_entropy_backward", floats, 2,
                    [](const RedArgs& a) {
-                     Expr m = detail::finite_max(a);
-                     Expr inv = Halide::cast(a.type, 1) / detail::sum_exp_shifted(a, m);
-                     Expr mass = Halide::cast(a.type, detail::acc_sum(a.like[0](a.i, a.r, a.o)));
-                     Expr p = a.like[0](a.i, a.k, a.o), g = a.like[1](a.i, a.k, a.o);
-                     return (Halide::exp(a.x(a.k) - m) * inv * mass - p) * g;
+                     Expr mass = Halide::cast(a.type, detail::acc_sum(a.like_at(0, a.r)));
+                     return (detail::softmax_at(a, a.k) * mass - a.like_at(0, a.k)) *
+                            a.like_at(1, a.k);
                    }),
     // extra inputs: weight(k), bias(k); attribute: eps
     normalize(
@@ -125,10 +127,7 @@ inline const auto reduction_ops = hana::make_tuple(
         [](const RedArgs& a) {
           Halide::Type acc = detail::acc_type(a.type);
           Expr mu = detail::mean(a);
-          Expr d = Halide::cast(acc, a.x(a.r)) - mu;
-          Expr var = detail::acc_sum(d * d) / Halide::cast(acc, a.n);
-          Expr normed = (Halide::cast(acc, a.x(a.k)) - mu) /
-                        Halide::sqrt(var + Halide::cast(acc, a.attr["eps"]));
+          Expr normed = (Halide::cast(acc, a.x(a.k)) - mu) / detail::norm_std(a, mu);
           return Halide::cast(a.type, normed) * a.extra[0](a.k) + a.extra[1](a.k);
         },
         "eps", 2),
@@ -141,11 +140,9 @@ inline const auto reduction_ops = hana::make_tuple(
           Halide::Type acc = detail::acc_type(a.type);
           Expr n = Halide::cast(acc, a.n);
           Expr mu = detail::mean(a);
-          Expr d = Halide::cast(acc, a.x(a.r)) - mu;
-          Expr rstd =
-              1 / Halide::sqrt(detail::acc_sum(d * d) / n + Halide::cast(acc, a.attr["eps"]));
+          Expr rstd = 1 / detail::norm_std(a, mu);
           auto gw = [&](const Expr& kk) {
-            return Halide::cast(acc, a.like[0](a.i, kk, a.o) * a.extra[0](kk));
+            return Halide::cast(acc, a.like_at(0, kk) * a.extra[0](kk));
           };
           auto xhat = [&](const Expr& kk) { return (Halide::cast(acc, a.x(kk)) - mu) * rstd; };
           Expr mean_gw = detail::acc_sum(gw(a.r)) / n;

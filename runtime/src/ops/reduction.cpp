@@ -63,23 +63,23 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
       << op.name << " is a " << op.family << " op, not a reduction";
   OPFORGE_CHECK(x.defined()) << name << ": input is undefined";
   const KernelGroup& g = group_for(op, x.dtype());
-  if (x.dtype() != g.in_dtype) x = cast(x, g.in_dtype);
   bool normalize = op.flags == kNormalize;
   OPFORGE_CHECK(int(extra.size() + like.size()) + 1 == op.num_inputs)
       << name << ": expected " << op.num_inputs - 1 << " more input(s), got "
       << extra.size() + like.size();
-  for (Tensor& t : like) {
+  for (const Tensor& t : like)
     OPFORGE_CHECK(t.defined() && t.shape() == x.shape())
         << name << ": an input has shape " << (t.defined() ? shape_str(t.shape()) : "undefined")
         << ", expected the first input's " << shape_str(x.shape());
-    if (t.dtype() != g.in_dtype) t = cast(t, g.in_dtype);
-  }
+  // x and the inputs of its shape take the same way to the canonical view.
+  auto each = [&](auto&& f) {
+    x = f(x);
+    for (Tensor& t : like) t = f(t);
+  };
+  each([&](const Tensor& t) { return t.dtype() == g.in_dtype ? t : cast(t, g.in_dtype); });
 
   bool scalar_in = x.dim() == 0;
-  if (scalar_in) {
-    x = x.reshape({1});
-    for (Tensor& t : like) t = t.reshape({1});
-  }
+  if (scalar_in) each([](const Tensor& t) { return t.reshape({1}); });
   int rank = x.dim();
   axes = normalize_axes(name, axes, rank);
   Shape out_shape;
@@ -100,11 +100,10 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
       if (!std::binary_search(axes.begin(), axes.end(), d)) perm.push_back(d);
     int first = int(perm.size());
     perm.insert(perm.end(), axes.begin(), axes.end());
-    x = x.permute(perm);
+    each([&](const Tensor& t) { return t.permute(perm); });
     for (size_t i = 0; i < axes.size(); i++) axes[i] = first + int(i);
   }
-  x = x.contiguous();
-  for (Tensor& t : like) t = t.contiguous();
+  each([](const Tensor& t) { return t.contiguous(); });
   int64_t outer = 1, reduced = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
     if (d < axes.front())
