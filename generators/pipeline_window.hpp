@@ -40,10 +40,9 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     a.group_c = w.dim(2).extent();
     a.out_c = w.dim(3).extent();
   };
-  if (grad_input) {
+  if (grad_input) {  // its taps stay inside the gradient: no border to materialise
     read_grad();
     read_weight();
-    p.padded = a.grad;
   } else {
     auto in = detail::add_input(p, t, 4, "in", false);
     a.in = zero_border(in);

@@ -6,11 +6,13 @@ namespace opforge::schedules {
 
 // conv2d_backward_weight: out(kx, ky, ci, co) sums, over every output position and image, the
 // gradient there times the input under the tap. Two schedules:
-// - tiled (manual): the product it is. A register tile of one vector of input channels x 8 output
-//   channels accumulates over every position and image, the input read from a copy stored
-//   channels-innermost (NHWC), so a vector of channels is one load and each gradient value one
-//   broadcast; with fewer input channels than a vector, a vector of output channels over an NHWC
-//   copy of the gradient instead. Whole tiles: a vector of output channels at least.
+// - tiled (manual): the images in chunks of 8, a partial weight gradient per chunk (an rfactor),
+//   the chunks in parallel and summed at the end: a chunk's input and gradient stay in cache while
+//   every tap's tile passes over them (a tile summing over all images streamed both from memory
+//   for each tile). A register tile is two vectors of output channels, read from an NHWC copy of
+//   the gradient, x 4 input channels, each a broadcast from an NHWC copy of the input; with fewer
+//   than 4 input channels (a first layer's one) x 3 rows of taps instead (a tap tile overlaps the
+//   last one where the kernel is not a multiple of 3). Whole tiles: 2 vectors of output channels.
 // - rows (manual_small): any size. A task per (ci, co) computes its whole kernel plane, the
 //   reduction in vectors along the gradient's rows (an rfactor over the row's lanes, at most 8:
 //   gradient rows are short) with the taps innermost, so each gradient vector is loaded once for
@@ -37,49 +39,106 @@ inline std::vector<int64_t> manual_conv_grad_weight(gen::Pipeline& p, const Hali
     return {};
   }
   int v = vector_lanes(t, p.in_dtype);
-  const int tco = 8;
-  Var cio("cio"), cii("cii"), coo("coo"), coi("coi");
+  const int tci = 4, tco = 2 * v, chunk = 8, tky = 3;
+  Halide::RVar rno("rno"), rni("rni");
+  Var u("u"), cio("cio"), cii("cii"), coo("coo"), coi("coi"), cv("cv");
+  Func part =
+      p.acc.update(0).split(r[2], rno, rni, chunk, TailStrategy::GuardWithIf).rfactor(rno, u);
+  Func parts = part.in(p.acc);
+  std::vector<Var> pa = part.args();  // kx, ky, ci, co, chunk
+  parts.compute_root().reorder_storage(pa[3], pa[2], pa[0], pa[1], pa[4]);
   Halide::OutputImageParam ob = p.out.output_buffers()[0];
-  Expr wide = ob.dim(2).extent() >= v;
-  // Where there are fewer input channels than a vector (a first layer's one), the vector runs
-  // along the output channels instead, over an NHWC copy of the gradient.
-  p.out.specialize(wide)
-      .split(c, cio, cii, v)
-      .split(n, coo, coi, tco)
-      .reorder(cii, coi, kx, ky, cio, coo)
-      .fuse(cio, coo, task)
-      .parallel(task)
-      .vectorize(cii)
-      .unroll(coi);
-  p.out.split(n, coo, coi, v)
-      .reorder(coi, kx, ky, c, coo)
-      .fuse(c, coo, task)
-      .parallel(task)
-      .vectorize(coi);
-  p.acc.compute_at(p.out, kx);
-  p.acc.specialize(wide).vectorize(c).unroll(n);
-  p.acc.vectorize(n);
-  p.acc.update(0)
-      .specialize(wide && dense_groups)
-      .reorder(c, n, r[0], r[1], r[2])
-      .vectorize(c)
-      .unroll(n);
-  p.acc.update(0).specialize(wide).reorder(c, n, r[0], r[1], r[2]).vectorize(c).unroll(n);
-  p.acc.update(0).specialize(dense_groups).reorder(n, r[0], r[1], r[2]).vectorize(n);
-  p.acc.update(0).reorder(n, r[0], r[1], r[2]).vectorize(n);
+  Expr wide = ob.dim(2).extent() >= tci;
+  Var kyo("kyo"), kyi("kyi");
+  auto tiles = [&](Stage f, int ci_tile, int ky_tile) {
+    f.split(pa[3], coo, coi, tco)
+        .split(coi, coi, cv, v)
+        .split(pa[2], cio, cii, ci_tile)
+        .split(pa[1], kyo, kyi, ky_tile)
+        .reorder(cv, coi, cii, kyi, pa[0], kyo, cio, coo, pa[4])
+        .vectorize(cv)
+        .unroll(coi)
+        .unroll(cii)
+        .unroll(kyi)
+        .parallel(pa[4]);
+  };
+  tiles(parts.specialize(wide), tci, 1);
+  tiles(parts.specialize(ob.dim(1).extent() >= tky), 1, tky);
+  tiles(Stage(parts), 1, 1);
+  part.compute_at(parts, pa[0]).reorder_storage(pa[3], pa[2], pa[0], pa[1], pa[4]);
+  part.split(pa[3], coi, cv, v)
+      .reorder(cv, coi, pa[2], pa[1])
+      .vectorize(cv)
+      .unroll(coi)
+      .unroll(pa[2])
+      .unroll(pa[1]);
+  auto tile = [&](Stage s) {
+    s.split(pa[3], coi, cv, v)
+        .reorder(cv, coi, pa[2], pa[0], pa[1], pa[4], r[0], r[1], rni)
+        .vectorize(cv)
+        .unroll(coi)
+        .unroll(pa[2])
+        .unroll(pa[1]);
+  };
+  tile(part.update(0).specialize(dense_groups));
+  tile(part.update(0));
+  p.out.parallel(n);
+  p.acc.compute_at(p.out, n);
   p.padded.compute_root()
       .reorder_storage(pv[2], pv[0], pv[1], pv[3])
       .reorder(pv[2], pv[0], pv[1], pv[3])
       .parallel(pv[3])
       .vectorize(pv[2], v, TailStrategy::GuardWithIf);
-  Func grad_nhwc = p.inputs[1].in(p.acc);  // conv2d_backward_weight's inputs: in, grad
+  Func grad_nhwc = p.inputs[1].in(part);
   std::vector<Var> gv = grad_nhwc.args();
   grad_nhwc.compute_root()
       .reorder_storage(gv[2], gv[0], gv[1], gv[3])
       .reorder(gv[2], gv[0], gv[1], gv[3])
       .parallel(gv[3])
       .vectorize(gv[2], v, TailStrategy::GuardWithIf);
-  return {1, 1, 1, v};
+  return {1, 1, 1, tco};
+}
+
+// conv2d_backward_input (manual): out(x, y, ci, n) sums gradient x weight over the taps that
+// reach (x, y) and the output channels. The output point is outside the taps' loops, so those
+// loops have exact bounds (a vector along x would visit the gradient's zero border: on a small
+// image, half the taps). The vector runs along the input channels instead: a register tile of two
+// vectors of channels x 4 images, each weight vector loaded once for the 4 images and each
+// gradient value one broadcast, over a copy of the weight stored channels-innermost. The tile is
+// transposed into the NCHW output a row at a time. Whole tiles: 2 vectors of channels, 4 images.
+inline std::vector<int64_t> manual_conv_grad_input(gen::Pipeline& p, const Halide::Target& t) {
+  int v = vector_lanes(t, p.in_dtype);
+  const int tc = 2 * v, tn = 4;
+  Var w = p.vars[0], h = p.vars[1], c = p.vars[2], n = p.vars[3];
+  Var co("co"), ci("ci"), no("no"), ni("ni"), cv("cv"), task("task");
+  auto r = p.acc.rvars(0);  // kernel x, kernel y, output channel
+  p.out.split(c, co, ci, tc)
+      .split(n, no, ni, tn)
+      .reorder(w, ci, ni, h, co, no)
+      .fuse(co, no, task)
+      .parallel(task)
+      .vectorize(w, v, TailStrategy::GuardWithIf);
+  p.acc.compute_at(p.out, h).reorder_storage(c, n, w, h);
+  p.acc.split(c, c, cv, v).reorder(cv, c, n, w, h).vectorize(cv).unroll(c).unroll(n);
+  auto update = [&](Stage s) {
+    s.split(c, c, cv, v)
+        .reorder(cv, c, n, r[0], r[1], r[2], w, h)
+        .vectorize(cv)
+        .unroll(c)
+        .unroll(n);
+  };
+  // At unit stride and dilation the taps' bounds are plain offsets of the output point.
+  update(p.acc.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
+                                    p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1 &&
+                                    p.int_attr("groups") == 1));
+  update(p.acc.update(0));
+  Func wt = p.inputs[1].in(p.acc);  // conv2d_backward_input's inputs: grad, weight
+  std::vector<Var> wv = wt.args();  // (kx, ky, ci, co)
+  wt.compute_root()
+      .reorder_storage(wv[2], wv[0], wv[1], wv[3])
+      .reorder(wv[2], wv[0], wv[1], wv[3])
+      .vectorize(wv[2], v, TailStrategy::GuardWithIf);
+  return {1, 1, tc, tn};
 }
 
 inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target& t, bool small) {
@@ -88,7 +147,7 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   Var wo("wo"), wi("wi"), co("co"), ci("ci"), task("task");
   auto kind = dsl::WindowKind(p.variant_flags);
   if (kind == dsl::WindowKind::conv_grad_weight) return manual_conv_grad_weight(p, t, small);
-  // conv2d_backward_input is a convolution of the gradient: it gets conv2d's schedule.
+  if (kind == dsl::WindowKind::conv_grad_input && !small) return manual_conv_grad_input(p, t);
   bool conv = kind == dsl::WindowKind::conv || kind == dsl::WindowKind::conv_grad_input;
   if (small || !conv) {
     // A parallel task is a group of image planes: one small plane (a 24 x 24 pool's) is less work
@@ -160,9 +219,6 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // are dense vectors instead of gathers and the input channel does not depend on the output
   // channel.
   Expr unit = p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 && p.int_attr("groups") == 1;
-  // conv2d_backward_input also picks its gradient rows by the vertical stride.
-  if (kind == dsl::WindowKind::conv_grad_input)
-    unit = unit && p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1;
   if (half < v) {
     p.acc.specialize(wide).vectorize(w, v).unroll(c);
     acc_update(p.acc.update(0).specialize(wide && unit), v);

@@ -589,25 +589,38 @@ int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
   return (in + 2 * p - d * (k - 1) - 1) / s + 1;
 }
 
+// The gradients' shapes beyond conv_grad_cases' strides: every tile of the hand schedules whole
+// and with a tail (channels, images, kernel rows), few input channels (a first layer), groups.
+struct ConvGradShape {
+  int64_t kw, kh, c, n, groups;
+};
+
 void check_conv2d_backward_input(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
-  // Call extents: the input gradient's (W, H, C, N).
+  // Call extents: the input gradient's (W, H, C, N); C and CO per group.
   int64_t W = at_least(m[0], 7), H = at_least(m[1], 6), C = at_least(m[2], 4),
-          N = at_least(m[3], 2), CO = 3;
-  for (const ConvParams& k : conv_grad_cases())
-    for (Layout l : {Layout::dense, Layout::views}) {
-      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w));
-      Shape gs = {N, CO, conv_out(H, 3, k.stride_h, k.pad_h, k.dil_h),
-                  conv_out(W, 3, k.stride_w, k.pad_w, k.dil_w)};
-      Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbi g" + v.name);
-      Tensor w = random_as(l, {CO, C, 3, 3}, dt, Data::Normal, "variant/convbi w" + v.name, 0, 1);
-      Expected want = conv2d_backward_input(dense(grad), dense(w), {N, C, H, W}, k);
-      Tensor got = run_forced(g, v, [&] {
-        return opforge::conv2d_backward_input(grad, w, {N, C, H, W}, options_of(k));
-      });
-      expect_close(got, want, dt, accum_tol(dt, CO * 9));
-    }
+          N = at_least(m[3], 2);
+  for (ConvGradShape s : {ConvGradShape{3, 3, C, N, 1}, ConvGradShape{3, 3, C + 3, N + 1, 1},
+                          ConvGradShape{3, 3, C, N, 2}})
+    for (ConvParams k : conv_grad_cases())
+      for (Layout l : {Layout::dense, Layout::views}) {
+        k.groups = s.groups;
+        SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w) +
+                     ", C " + std::to_string(s.c) + ", N " + std::to_string(s.n) + ", groups " +
+                     std::to_string(s.groups));
+        int64_t CO = 3 * s.groups;
+        Shape gs = {s.n, CO, conv_out(H, s.kh, k.stride_h, k.pad_h, k.dil_h),
+                    conv_out(W, s.kw, k.stride_w, k.pad_w, k.dil_w)};
+        Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbi g" + v.name);
+        Tensor w = random_as(l, {CO, s.c, s.kh, s.kw}, dt, Data::Normal,
+                             "variant/convbi w" + v.name, 0, 1);
+        Shape xs = {s.n, s.c * s.groups, H, W};
+        Expected want = conv2d_backward_input(dense(grad), dense(w), xs, k);
+        Tensor got = run_forced(
+            g, v, [&] { return opforge::conv2d_backward_input(grad, w, xs, options_of(k)); });
+        expect_close(got, want, dt, accum_tol(dt, CO * s.kh * s.kw));
+      }
 }
 
 void check_conv2d_backward_weight(const KernelGroup& g, const VariantInfo& v) {
@@ -615,20 +628,30 @@ void check_conv2d_backward_weight(const KernelGroup& g, const VariantInfo& v) {
   const int64_t* m = mins_of(v);
   // Call extents: the weight gradient's (KW, KH, C / groups, CO).
   int64_t KW = at_least(m[0], 3), KH = at_least(m[1], 2), C = at_least(m[2], 3),
-          CO = at_least(m[3], 4), N = 2, H = 7, W = 11;
-  for (const ConvParams& k : conv_grad_cases())
-    for (Layout l : {Layout::dense, Layout::views}) {
-      SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w));
-      Shape gs = {N, CO, conv_out(H, KH, k.stride_h, k.pad_h, k.dil_h),
-                  conv_out(W, KW, k.stride_w, k.pad_w, k.dil_w)};
-      Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/convbw x" + v.name, 0, 1);
-      Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbw g" + v.name);
-      Shape ws = {CO, C, KH, KW};
-      Expected want = conv2d_backward_weight(dense(x), dense(grad), ws, k);
-      Tensor got = run_forced(
-          g, v, [&] { return opforge::conv2d_backward_weight(x, grad, ws, options_of(k)); });
-      expect_close(got, want, dt, accum_tol(dt, N * gs[2] * gs[3]));
-    }
+          CO = at_least(m[3], 4), H = 7, W = 11;
+  for (ConvGradShape s :
+       {ConvGradShape{KW, KH, C, 2, 1},
+        ConvGradShape{KW, at_least(m[1], 5), at_least(m[2], 2), 10, 1},
+        ConvGradShape{at_least(m[0], 2), at_least(m[1], 3), at_least(m[2], 6), 9, 1},
+        ConvGradShape{KW, KH, at_least(m[2], 4), 3, 2}})
+    for (ConvParams k : conv_grad_cases())
+      for (Layout l : {Layout::dense, Layout::views}) {
+        k.groups = s.groups;
+        SCOPED_TRACE(std::string(layout_name(l)) + ", stride " + std::to_string(k.stride_w) +
+                     ", KH " + std::to_string(s.kh) + ", C " + std::to_string(s.c) + ", N " +
+                     std::to_string(s.n) + ", groups " + std::to_string(s.groups));
+        int64_t co = (CO + 5 + s.groups - 1) / s.groups * s.groups;  // past a whole tile
+        Shape gs = {s.n, co, conv_out(H, s.kh, k.stride_h, k.pad_h, k.dil_h),
+                    conv_out(W, s.kw, k.stride_w, k.pad_w, k.dil_w)};
+        Tensor x = random_as(l, {s.n, s.c * s.groups, H, W}, dt, Data::Normal,
+                             "variant/convbw x" + v.name, 0, 1);
+        Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/convbw g" + v.name);
+        Shape ws = {co, s.c, s.kh, s.kw};
+        Expected want = conv2d_backward_weight(dense(x), dense(grad), ws, k);
+        Tensor got = run_forced(
+            g, v, [&] { return opforge::conv2d_backward_weight(x, grad, ws, options_of(k)); });
+        expect_close(got, want, dt, accum_tol(dt, s.n * gs[2] * gs[3]));
+      }
 }
 
 // The pools' gradients: overlapping windows (3x3, stride 2, padding 1) and the tiling ones a CNN

@@ -134,13 +134,18 @@ inline const auto window_ops = hana::make_tuple(
              Expr xs = a.w + a.attr["pad_w"] - r.x * a.attr["dil_w"],
                   ys = a.h + a.attr["pad_h"] - r.y * a.attr["dil_h"];
              Expr sw = a.attr["stride_w"], sh = a.attr["stride_h"];
-             // Rows of taps that fall outside the gradient add nothing: they are not visited.
-             r.where(ys >= 0 && ys < a.grad_h * sh);
+             // Taps that fall outside the gradient add nothing: they are not visited (a schedule
+             // with the output point outside the taps' loops gets exact loop bounds), and every
+             // gradient read is inside it.
+             r.where(xs >= 0 && xs < a.grad_w * sw && ys >= 0 && ys < a.grad_h * sh);
              Expr co = group * cout_g + r.z;
-             Expr g = Halide::select(xs % sw == 0 && ys % sh == 0,
-                                     a.grad(xs / sw, ys / sh, co, a.n), Halide::cast(a.type, 0));
-             // Each index lies in range, but bounds inference cannot follow the group arithmetic
-             // and would ask for a larger weight: it is told so, at no cost at run time.
+             // Each index lies in range, but bounds inference cannot follow the predicate or the
+             // group arithmetic and would ask for larger buffers: it is told so, at no cost at run
+             // time.
+             Expr gx = Halide::unsafe_promise_clamped(xs / sw, 0, a.grad_w - 1),
+                  gy = Halide::unsafe_promise_clamped(ys / sh, 0, a.grad_h - 1);
+             Expr g = Halide::select(xs % sw == 0 && ys % sh == 0, a.grad_inside(gx, gy, co, a.n),
+                                     Halide::cast(a.type, 0));
              Expr ci = Halide::unsafe_promise_clamped(a.c - group * a.group_c, 0, a.group_c - 1),
                   wco = Halide::unsafe_promise_clamped(co, 0, a.out_c - 1);
              Func acc("acc"), out("out");
