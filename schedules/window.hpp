@@ -188,22 +188,32 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   }
   // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs
   // inside it. Whole tiles only. A whole vector where the output is that wide, else half of one:
-  // the second layer of a small CNN is 8 wide, under AVX-512's 16 float lanes.
-  const int tc = 8, half = std::max(v / 2, 1);
-  auto tile = [&](Stage s, int lanes) {
+  // the second layer of a small CNN is 8 wide, under AVX-512's 16 float lanes. Where the output
+  // is 3 vectors wide (a first layer's 24 on AVX2), 3 vectors x 4 channels: each weight broadcast
+  // then serves 3 multiply-adds rather than 1. A parallel task is a group of such tiles' rows, at
+  // least 2^15 outputs: a tile of a one-channel layer is less work than handing it to a thread.
+  const int tc = 8, half = std::max(v / 2, 1), wv = 3, wtc = 4;
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
+  Var rows("rows"), wa("wa"), wb("wb");
+  auto tile = [&](Stage s, int lanes, int channels) {
     s.split(w, wo, wi, lanes)
-        .split(c, co, ci, tc)
+        .split(c, co, ci, channels)
         .reorder(wi, ci, wo, h, co, n)
         .fuse(h, co, task)
         .fuse(task, n, task)
+        .split(task, task, rows, iterations_per_task(ob.dim(0).extent() * channels),
+               TailStrategy::GuardWithIf)
         .parallel(task)
+        .split(wi, wa, wi, std::min(lanes, v))
         .vectorize(wi)
+        .unroll(wa)
         .unroll(ci);
   };
-  Halide::OutputImageParam ob = p.out.output_buffers()[0];
   Expr wide = ob.dim(0).extent() >= v;  // a whole vector of outputs along w
-  if (half < v) tile(p.out.specialize(wide), v);
-  tile(p.out, half);
+  Expr wider = ob.dim(0).extent() >= wv * v && ob.dim(2).extent() >= wtc;
+  tile(p.out.specialize(wider), wv * v, wtc);
+  if (half < v) tile(p.out.specialize(wide), v, tc);
+  tile(p.out, half, tc);
   auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
   // The accumulators are the tile: one full vector per output channel where the output is a vector
   // wide, else a half one (a narrower vector would halve every multiply-add's width).
@@ -219,6 +229,16 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // are dense vectors instead of gathers and the input channel does not depend on the output
   // channel.
   Expr unit = p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 && p.int_attr("groups") == 1;
+  p.acc.specialize(wider).split(w, wa, wb, v).vectorize(wb).unroll(wa).unroll(c);
+  auto wider_update = [&](Stage s) {
+    s.split(w, wa, wb, v)
+        .reorder(wb, wa, c, r[0], r[1], r[2], h, n)
+        .vectorize(wb)
+        .unroll(wa)
+        .unroll(c);
+  };
+  wider_update(p.acc.update(0).specialize(wider && unit));
+  wider_update(p.acc.update(0).specialize(wider));
   if (half < v) {
     p.acc.specialize(wide).vectorize(w, v).unroll(c);
     acc_update(p.acc.update(0).specialize(wide && unit), v);

@@ -536,22 +536,30 @@ void check_linear(const KernelGroup& g, const VariantInfo& v) {
 void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
-  int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), CO = at_least(m[2], 4),
-          N = at_least(m[3], 1), CI = 3;
-  // 3x3 kernel, stride 1, padding 1: the output is as large as the input
-  opforge::Conv2dOptions o;
-  o.padding = {1, 1};
-  ConvParams p;
-  p.pad_h = p.pad_w = 1;
-  for (Layout l : {Layout::dense, Layout::views}) {
-    SCOPED_TRACE(layout_name(l));
-    Tensor x = random_every_other(l, {N, CI, H, W}, dt, Data::Normal, "variant/conv x" + v.name);
-    Tensor w = random_as(l, {CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name, 0, 1);
-    Tensor b = random_every_other(l, {CO}, dt, Data::Normal, "variant/conv b" + v.name);
-    Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
-    Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, o); });
-    expect_close(got, want, dt, accum_tol(dt, CI * 9));
-  }
+  int64_t H = at_least(m[1], 5), N = at_least(m[3], 1), CI = 3;
+  // Output widths under a vector, past one and past three (the hand schedule's tiles, each with a
+  // tail), and channels past a whole tile; 3x3 kernels with padding 1, at stride 1 (the output as
+  // large as the input) and at stride 2 with dilation 2.
+  ConvParams plain, strided;
+  plain.pad_h = plain.pad_w = 1;
+  strided = plain;
+  strided.stride_w = strided.stride_h = 2;
+  strided.dil_w = 2;
+  for (int64_t W : {at_least(m[0], 6), at_least(m[0], 11), at_least(m[0], 29)})
+    for (const ConvParams& p : {plain, strided})
+      for (Layout l : {Layout::dense, Layout::views}) {
+        SCOPED_TRACE(std::string(layout_name(l)) + ", width " + std::to_string(W) + ", stride " +
+                     std::to_string(p.stride_w));
+        int64_t CO = at_least(m[2], 4) + 6, XW = (W - 1) * p.stride_w + 1 + 2 * p.dil_w - 2,
+                XH = (H - 1) * p.stride_h + 1;
+        Tensor x =
+            random_every_other(l, {N, CI, XH, XW}, dt, Data::Normal, "variant/conv x" + v.name);
+        Tensor w = random_as(l, {CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name, 0, 1);
+        Tensor b = random_every_other(l, {CO}, dt, Data::Normal, "variant/conv b" + v.name);
+        Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
+        Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, options_of(p)); });
+        expect_close(got, want, dt, accum_tol(dt, CI * 9));
+      }
 }
 
 Handler pool_handler(bool is_max) {
