@@ -163,12 +163,32 @@ TEST(Autograd, Reductions) {
         return layer_norm(in[0], {2, 3});
       },
       {leaf({2, 2, 3}, 35)});
+  // Axes that are not adjacent, every axis, and a 0-d input: the backward ops' other paths.
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return max(in[0], {0, 2});
+      },
+      {leaf({3, 4, 2}, 36)});
+  gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return var(in[0], {0, 2}, true, 0);
+      },
+      {leaf({3, 4, 2}, 37)});
+  gradcheck([](const std::vector<Tensor>& in) { return logsumexp(in[0]); }, {leaf({3, 4}, 38)});
+  gradcheck([](const std::vector<Tensor>& in) { return min(in[0]); }, {leaf({}, 39)});
 }
 
 TEST(Autograd, MaxSharesTiesEvenly) {
   Tensor x = Tensor::from_vector<double>({1, 3, 3, 2}, {4}).requires_grad_();
   max(x).backward();
   EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{0, 0.5, 0.5, 0}));
+}
+
+// PyTorch's rule: a NaN maximum's gradient is shared among the NaNs.
+TEST(Autograd, MaxOfNaNsGoesToTheNaNs) {
+  Tensor x = Tensor::from_vector<double>({1, NAN, NAN, 3, 2, 4}, {2, 3}).requires_grad_();
+  max(x, {1}).backward(Tensor::from_vector<double>({2, 6}, {2}));
+  EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{0, 1, 1, 0, 0, 6}));
 }
 
 TEST(Autograd, ZeroGradientOps) {

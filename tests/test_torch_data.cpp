@@ -2,6 +2,7 @@
 // every broken file a clear Error, and the DataLoader's epochs (each sample once, the order a
 // function of seed and epoch, batches intact across its background thread).
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <filesystem>
@@ -21,8 +22,14 @@ std::vector<uint8_t> idx(uint8_t type, std::vector<uint32_t> dims, size_t data_b
   for (size_t i = 0; i < data_bytes; i++) b.push_back(uint8_t(i * 7 % 256));
   return b;
 }
+// Under a folder of this process's own: the extra test configurations run this binary at once.
 std::string write(const std::string& name, const std::vector<uint8_t>& bytes, bool gzip) {
-  std::string path = testing::TempDir() + name;
+  static const std::string dir = [] {
+    std::string d = testing::TempDir() + "opforge_idx_" + std::to_string(getpid()) + "/";
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  std::string path = dir + name;
   if (gzip) {
     gzFile f = gzopen(path.c_str(), "wb");
     gzwrite(f, bytes.data(), unsigned(bytes.size()));

@@ -371,6 +371,56 @@ Handler softmax_backward_handler(bool log) {
   };
 }
 
+// max_backward, min_backward, logsumexp_backward, var_backward: x's gradient through autograd
+// (the forward op's variant is the placement's choice) for a random gradient of the result,
+// against float64 formulas; max's and min's also on small integers, whose ties share it.
+Handler reduction_backward_handler(const std::string& op) {
+  return [=](const KernelGroup& g, const VariantInfo& v) {
+    DType dt = g.in_dtype;
+    RedShape r = reduction_shape(v);
+    bool extremum = op == "max" || op == "min";
+    const double ddof = 1;
+    for (Data data : extremum ? std::vector<Data>{Data::Normal, Data::SmallInt}
+                              : std::vector<Data>{Data::Normal})
+      for (Layout l : {Layout::dense, Layout::views}) {
+        SCOPED_TRACE(std::string(layout_name(l)) + (data == Data::SmallInt ? ", ties" : ""));
+        Shape s = {r.outer, r.reduced, r.inner};
+        Tensor x = random_as(l, s, dt, data, "variant/" + op + "_bwd x" + v.name, 0, 1);
+        Tensor gy = random({r.outer, r.inner}, dt, Data::Normal, "variant/" + op + "_bwd g");
+        std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(), want(xv.size());
+        for (int64_t o = 0; o < r.outer; o++)
+          for (int64_t i = 0; i < r.inner; i++) {
+            auto at = [&](int64_t k) { return size_t((o * r.reduced + k) * r.inner + i); };
+            double gr = gv[size_t(o * r.inner + i)], m = xv[at(0)], mu = 0, ties = 0, lse = 0;
+            for (int64_t k = 0; k < r.reduced; k++) {
+              m = op == "min" ? std::min(m, xv[at(k)]) : std::max(m, xv[at(k)]);
+              mu += xv[at(k)] / double(r.reduced);
+            }
+            for (int64_t k = 0; k < r.reduced; k++) {
+              ties += xv[at(k)] == m;
+              lse += std::exp(xv[at(k)] - m);
+            }
+            lse = m + std::log(lse);
+            for (int64_t k = 0; k < r.reduced; k++)
+              want[at(k)] = extremum      ? (xv[at(k)] == m ? gr / ties : 0)
+                            : op == "var" ? gr * 2 * (xv[at(k)] - mu) / (double(r.reduced) - ddof)
+                                          : gr * std::exp(xv[at(k)] - lse);
+          }
+        Tensor leaf = x.detach().requires_grad_();
+        Tensor got = run_forced(g, v, [&] {
+          Tensor y = op == "max"   ? opforge::max(leaf, {1})
+                     : op == "min" ? opforge::min(leaf, {1})
+                     : op == "var" ? opforge::var(leaf, {1}, false, ddof)
+                                   : opforge::logsumexp(leaf, {1});
+          y.backward(gy);
+          return leaf.grad();
+        });
+        expect_close(got, Expected{want, s}, dt,
+                     loosest(accum_tol(dt, r.reduced), transcendental_tol(dt)));
+      }
+  };
+}
+
 // cross_entropy (its forward) and cross_entropy_backward (through autograd): rows of scores against
 // random target distributions over the reduced extent as classes.
 Handler cross_entropy_handler(bool backward) {
@@ -823,6 +873,8 @@ const std::map<std::string, Handler>& handlers() {
     t["cross_entropy_backward"] = cross_entropy_handler(true);
     t["layer_norm"] = check_layer_norm;
     t["layer_norm_backward"] = check_layer_norm_backward;
+    for (const char* op : {"max", "min", "logsumexp", "var"})
+      t[std::string(op) + "_backward"] = reduction_backward_handler(op);
     t["matmul"] = check_matmul;
     t["gemm"] = check_gemm;
     t["linear"] = check_linear;
@@ -870,6 +922,10 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "cross_entropy_backward",
                          "layer_norm",
                          "layer_norm_backward",
+                         "max_backward",
+                         "min_backward",
+                         "logsumexp_backward",
+                         "var_backward",
                          "matmul",
                          "gemm",
                          "linear",

@@ -50,6 +50,17 @@ inline Expr norm_std(const RedArgs& a, const Expr& mu) {
 inline Expr nan_aware(const RedArgs& a, const Expr& v) {
   return a.type.is_float() ? select(any_nan(a), Halide::cast(a.type, NAN), v) : v;
 }
+// The gradient of max or min (the row's extremum m) at k, given the result's gradient (like[0],
+// constant along the row): shared evenly among the elements equal to m, a NaN result's among the
+// NaNs (PyTorch's amax/amin rule).
+inline Expr extremum_grad(const RedArgs& a, const Expr& extremum) {
+  Expr m = nan_aware(a, extremum);
+  auto ties = [&](const Expr& kk) {
+    return a.x(kk) == m || (Halide::is_nan(a.x(kk)) && Halide::is_nan(m));
+  };
+  Expr count = Halide::sum(Halide::cast(a.type, ties(a.r)));
+  return select(ties(a.k), a.like_at(0, a.k) / count, Halide::cast(a.type, 0));
+}
 }  // namespace detail
 
 inline const auto reduction_ops = hana::make_tuple(
@@ -121,6 +132,28 @@ inline const auto reduction_ops = hana::make_tuple(
                      return (detail::softmax_at(a, a.k) * mass - a.like_at(0, a.k)) *
                             a.like_at(1, a.k);
                    }),
+    // The gradients of the reductions above whose adjoint spreads over the row, from x (in) and
+    // the result's gradient g (like[0], constant along the row); sum's and mean's are g itself.
+    normalize_like(
+        "max_backward", floats, 1,
+        [](const RedArgs& a) { return detail::extremum_grad(a, Halide::maximum(a.x(a.r))); }),
+    normalize_like(
+        "min_backward", floats, 1,
+        [](const RedArgs& a) { return detail::extremum_grad(a, Halide::minimum(a.x(a.r))); }),
+    // logsumexp's: g softmax(x).
+    normalize_like("logsumexp_backward", floats, 1,
+                   [](const RedArgs& a) { return a.like_at(0, a.k) * detail::softmax_at(a, a.k); }),
+    // var's: g 2 (x - mean) / (n - ddof), in the accumulator's type.
+    normalize_like(
+        "var_backward", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr d = Halide::cast(acc, a.x(a.k)) - detail::mean(a);
+          return Halide::cast(a.type,
+                              Halide::cast(acc, a.like_at(0, a.k)) * 2 * d /
+                                  (Halide::cast(acc, a.n) - Halide::cast(acc, a.attr["ddof"])));
+        },
+        "ddof"),
     // extra inputs: weight(k), bias(k); attribute: eps
     normalize(
         "layer_norm", floats,

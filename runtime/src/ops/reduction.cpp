@@ -191,12 +191,25 @@ double reduced_count(const Shape& shape, const std::vector<int>& axes) {
   return n;
 }
 
-// The gradient of max and min: shared evenly among the elements equal to the result (PyTorch's
-// amax/amin rule).
-Tensor extremum_grad(const Tensor& x, const Tensor& y, const Tensor& g, const Shape&,
-                     const std::vector<int>& axes) {
-  Tensor mask = cast(eq(x, y), g.dtype());
-  return mul(g, div(mask, sum(mask, axes, true)));
+// A reduction's gradient by its generated backward op (a normalize op reading x and the result's
+// gradient expanded to x's shape), as reduce_recorded's grad. Such an op runs over adjacent axes:
+// others are moved last first, and the result moved back.
+auto by_backward_op(const char* name, AttrValues attrs = {}) {
+  return [name, attrs](const Tensor& x, const Tensor&, const Tensor& g_kept, const Shape& shape,
+                       const std::vector<int>& axes) {
+    const OpInfo& op = op_info(std::string(name));
+    Tensor g = g_kept.expand(shape);
+    if (axes.empty() || axes.back() - axes.front() + 1 == int(axes.size()))
+      return run_reduction(op, x, axes, true, attrs, {}, {g});
+    std::vector<int> perm, last, back(size_t(x.dim()));
+    for (int d = 0; d < x.dim(); d++)
+      if (!std::binary_search(axes.begin(), axes.end(), d)) perm.push_back(d);
+    for (size_t i = 0; i < axes.size(); i++) last.push_back(int(perm.size() + i));
+    perm.insert(perm.end(), axes.begin(), axes.end());
+    for (size_t i = 0; i < perm.size(); i++) back[size_t(perm[i])] = int(i);
+    return run_reduction(op, x.permute(perm), last, true, attrs, {}, {g.permute(perm)})
+        .permute(back);
+  };
 }
 
 }  // namespace
@@ -232,23 +245,20 @@ Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
       });
 }
 Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_recorded(OPFORGE_OP("max"), x, axes, keepdims, {}, kInput | kResult, extremum_grad);
+  return reduce_recorded(OPFORGE_OP("max"), x, axes, keepdims, {}, kInput,
+                         by_backward_op("max_backward"));
 }
 Tensor min(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_recorded(OPFORGE_OP("min"), x, axes, keepdims, {}, kInput | kResult, extremum_grad);
+  return reduce_recorded(OPFORGE_OP("min"), x, axes, keepdims, {}, kInput,
+                         by_backward_op("min_backward"));
 }
 Tensor logsumexp(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_recorded(OPFORGE_OP("logsumexp"), x, axes, keepdims, {}, kInput | kResult,
-                         [](const Tensor& xv, const Tensor& y, const Tensor& g, const Shape&,
-                            const std::vector<int>&) { return mul(g, exp(sub(xv, y))); });
+  return reduce_recorded(OPFORGE_OP("logsumexp"), x, axes, keepdims, {}, kInput,
+                         by_backward_op("logsumexp_backward"));
 }
 Tensor var(const Tensor& x, const std::vector<int>& axes, bool keepdims, double ddof) {
   return reduce_recorded(OPFORGE_OP("var"), x, axes, keepdims, {ddof}, kInput,
-                         [ddof](const Tensor& xv, const Tensor&, const Tensor& g,
-                                const Shape& shape, const std::vector<int>& ax) {
-                           double scale = 2 / (reduced_count(shape, ax) - ddof);
-                           return mul(g, mul(sub(xv, mean(xv, ax, true)), scale));
-                         });
+                         by_backward_op("var_backward", {ddof}));
 }
 Tensor argmax(const Tensor& x, std::optional<int> axis, bool keepdims) {
   return arg_reduce(OPFORGE_OP("argmax"), x, axis, keepdims);
