@@ -6,8 +6,8 @@ namespace opforge::gen {
 
 // ---- window: images (w, h, c, n); call extents are the output's (W, H, C, N) ----
 // The buffers each kind takes are listed with WindowKind (dsl/opforge/dsl/op.hpp). Every image is
-// read through a zero border (Halide's constant_exterior); a schedule may materialise the one in
-// `p.padded` once per call.
+// read through a zero border (Halide's constant_exterior; a schedule may materialise the one in
+// `p.padded` once per call), but for conv2d_backward_input's gradient, whose taps stay inside it.
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::window) {
   const WindowKind kind = op.kind;

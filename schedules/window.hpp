@@ -6,13 +6,15 @@ namespace opforge::schedules {
 
 // conv2d_backward_weight: out(kx, ky, ci, co) sums, over every output position and image, the
 // gradient there times the input under the tap. Two schedules:
-// - tiled (manual): the images in chunks of 8, a partial weight gradient per chunk (an rfactor),
-//   the chunks in parallel and summed at the end: a chunk's input and gradient stay in cache while
-//   every tap's tile passes over them (a tile summing over all images streamed both from memory
-//   for each tile). A register tile is two vectors of output channels, read from an NHWC copy of
-//   the gradient, x 4 input channels, each a broadcast from an NHWC copy of the input; with fewer
-//   than 4 input channels (a first layer's one) x 3 rows of taps instead (a tap tile overlaps the
-//   last one where the kernel is not a multiple of 3). Whole tiles: 2 vectors of output channels.
+// - tiled (manual): the images in up to 16 chunks, a partial weight gradient per chunk (an
+//   rfactor; fewer chunks where 16 partials would pass 2^22 values), a task per chunk, the partials
+//   summed at the end: a chunk's input and gradient stay in cache while every tap's tile passes
+//   over them (a tile summing over all images streamed both from memory for each tile; chunks of 32
+//   images ran the CNN's second layer 25% slower than chunks of 8). A register tile is two vectors
+//   of output channels, read from an NHWC copy of the gradient, x 4 input channels, each a
+//   broadcast from an NHWC copy of the input; with fewer than 4 input channels (a first layer's
+//   one) x 3 rows of taps instead (a tap tile overlaps the last one where the kernel is not a
+//   multiple of 3). Whole tiles: 2 vectors of output channels.
 // - rows (manual_small): any size. A task per (ci, co) computes its whole kernel plane, the
 //   reduction in vectors along the gradient's rows (an rfactor over the row's lanes, at most 8:
 //   gradient rows are short) with the taps innermost, so each gradient vector is loaded once for
@@ -39,7 +41,12 @@ inline std::vector<int64_t> manual_conv_grad_weight(gen::Pipeline& p, const Hali
     return {};
   }
   int v = vector_lanes(t, p.in_dtype);
-  const int tci = 4, tco = 2 * v, chunk = 8, tky = 3;
+  const int tci = 4, tco = 2 * v, tky = 3;
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
+  Expr images = p.inputs[1].dim(3).extent();  // conv2d_backward_weight's inputs: in, grad
+  Expr weights = ob.dim(0).extent() * ob.dim(1).extent() * ob.dim(2).extent() * ob.dim(3).extent();
+  Expr chunks = Halide::clamp((1 << 22) / Halide::max(weights, 1), 1, 16);
+  Expr chunk = (images + chunks - 1) / chunks;
   Halide::RVar rno("rno"), rni("rni");
   Var u("u"), cio("cio"), cii("cii"), coo("coo"), coi("coi"), cv("cv");
   Func part =
@@ -47,7 +54,6 @@ inline std::vector<int64_t> manual_conv_grad_weight(gen::Pipeline& p, const Hali
   Func parts = part.in(p.acc);
   std::vector<Var> pa = part.args();  // kx, ky, ci, co, chunk
   parts.compute_root().reorder_storage(pa[3], pa[2], pa[0], pa[1], pa[4]);
-  Halide::OutputImageParam ob = p.out.output_buffers()[0];
   Expr wide = ob.dim(2).extent() >= tci;
   Var kyo("kyo"), kyi("kyi");
   auto tiles = [&](Stage f, int ci_tile, int ky_tile) {
@@ -209,8 +215,8 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
         .unroll(wa)
         .unroll(ci);
   };
-  Expr wide = ob.dim(0).extent() >= v;  // a whole vector of outputs along w
-  Expr wider = ob.dim(0).extent() >= wv * v && ob.dim(2).extent() >= wtc;
+  Expr wide = ob.dim(0).extent() >= v;        // a whole vector of outputs along w
+  Expr wider = ob.dim(0).extent() >= wv * v;  // the variant's minimum is 8 channels
   tile(p.out.specialize(wider), wv * v, wtc);
   if (half < v) tile(p.out.specialize(wide), v, tc);
   tile(p.out, half, tc);

@@ -184,7 +184,8 @@ TEST(Autograd, MaxSharesTiesEvenly) {
   EXPECT_EQ(x.grad().to_double_vector(), (std::vector<double>{0, 0.5, 0.5, 0}));
 }
 
-// PyTorch's rule: a NaN maximum's gradient is shared among the NaNs.
+// A NaN maximum's gradient is shared among the NaNs, as torch.max(x) without a dim does (amax over
+// dims would make the row NaN).
 TEST(Autograd, MaxOfNaNsGoesToTheNaNs) {
   Tensor x = Tensor::from_vector<double>({1, NAN, NAN, 3, 2, 4}, {2, 3}).requires_grad_();
   max(x, {1}).backward(Tensor::from_vector<double>({2, 6}, {2}));

@@ -24,12 +24,13 @@ std::vector<uint8_t> idx(uint8_t type, std::vector<uint32_t> dims, size_t data_b
 }
 // Under a folder of this process's own: the extra test configurations run this binary at once.
 std::string write(const std::string& name, const std::vector<uint8_t>& bytes, bool gzip) {
-  static const std::string dir = [] {
-    std::string d = testing::TempDir() + "opforge_idx_" + std::to_string(getpid()) + "/";
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  std::string path = dir + name;
+  struct Folder {
+    std::string path = testing::TempDir() + "opforge_idx_" + std::to_string(getpid()) + "/";
+    Folder() { std::filesystem::create_directories(path); }
+    ~Folder() { std::filesystem::remove_all(path); }
+  };
+  static const Folder dir;
+  std::string path = dir.path + name;
   if (gzip) {
     gzFile f = gzopen(path.c_str(), "wb");
     gzwrite(f, bytes.data(), unsigned(bytes.size()));

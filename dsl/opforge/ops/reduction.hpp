@@ -51,12 +51,13 @@ inline Expr nan_aware(const RedArgs& a, const Expr& v) {
   return a.type.is_float() ? select(any_nan(a), Halide::cast(a.type, NAN), v) : v;
 }
 // The gradient of max or min (the row's extremum m) at k, given the result's gradient (like[0],
-// constant along the row): shared evenly among the elements equal to m, a NaN result's among the
-// NaNs (PyTorch's amax/amin rule).
+// constant along the row): shared evenly among the elements equal to m (PyTorch's amax/amin), and
+// a NaN result's among the NaNs, as torch.max(x) without a dim does (amax over dims makes that
+// row NaN). The NaN test comes first: Halide 14 compares floats as unordered-or-equal.
 inline Expr extremum_grad(const RedArgs& a, const Expr& extremum) {
   Expr m = nan_aware(a, extremum);
   auto ties = [&](const Expr& kk) {
-    return a.x(kk) == m || (Halide::is_nan(a.x(kk)) && Halide::is_nan(m));
+    return select(Halide::is_nan(m), Halide::is_nan(a.x(kk)), a.x(kk) == m);
   };
   Expr count = Halide::sum(Halide::cast(a.type, ties(a.r)));
   return select(ties(a.k), a.like_at(0, a.k) / count, Halide::cast(a.type, 0));

@@ -136,7 +136,8 @@ inline const auto window_ops = hana::make_tuple(
              Expr sw = a.attr["stride_w"], sh = a.attr["stride_h"];
              // Taps that fall outside the gradient add nothing: they are not visited (a schedule
              // with the output point outside the taps' loops gets exact loop bounds), and every
-             // gradient read is inside it.
+             // gradient read is inside it. (Those between its strided points are selected away: in
+             // the predicate they cost the unit-stride loop a test per tap.)
              r.where(xs >= 0 && xs < a.grad_w * sw && ys >= 0 && ys < a.grad_h * sh);
              Expr co = group * cout_g + r.z;
              // Each index lies in range, but bounds inference cannot follow the predicate or the
