@@ -4,6 +4,17 @@
 
 namespace opforge::schedules {
 
+// An accumulator's update as a register tile: `vec` in whole vectors of `v` lanes, unrolled with
+// `other`, inside the reduction `r`, then the loops `rest`.
+inline void register_tile(Stage s, const Var& vec, const Var& other, int v,
+                          const std::vector<Halide::RVar>& r, const std::vector<Var>& rest) {
+  Var whole(vec.name() + "_whole"), lane(vec.name() + "_lane");
+  std::vector<Halide::VarOrRVar> order = {lane, whole, other};
+  for (const auto& rv : r) order.emplace_back(rv);
+  for (const auto& x : rest) order.emplace_back(x);
+  s.split(vec, whole, lane, v).reorder(order).vectorize(lane).unroll(whole).unroll(other);
+}
+
 // conv2d_backward_weight: out(kx, ky, ci, co) sums, over every output position and image, the
 // gradient there times the input under the tap. Two schedules:
 // - tiled (manual): the images in up to 16 chunks, a partial weight gradient per chunk (an
@@ -126,18 +137,11 @@ inline std::vector<int64_t> manual_conv_grad_input(gen::Pipeline& p, const Halid
       .vectorize(w, v, TailStrategy::GuardWithIf);
   p.acc.compute_at(p.out, h).reorder_storage(c, n, w, h);
   p.acc.split(c, c, cv, v).reorder(cv, c, n, w, h).vectorize(cv).unroll(c).unroll(n);
-  auto update = [&](Stage s) {
-    s.split(c, c, cv, v)
-        .reorder(cv, c, n, r[0], r[1], r[2], w, h)
-        .vectorize(cv)
-        .unroll(c)
-        .unroll(n);
-  };
   // At unit stride and dilation the taps' bounds are plain offsets of the output point.
-  update(p.acc.update(0).specialize(p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
-                                    p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1 &&
-                                    p.int_attr("groups") == 1));
-  update(p.acc.update(0));
+  Expr unit = p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 &&
+              p.int_attr("stride_h") == 1 && p.int_attr("dil_h") == 1 && p.int_attr("groups") == 1;
+  for (Stage s : {p.acc.update(0).specialize(unit), p.acc.update(0)})
+    register_tile(s, c, n, v, r, {w, h});
   Func wt = p.inputs[1].in(p.acc);  // conv2d_backward_input's inputs: grad, weight
   std::vector<Var> wv = wt.args();  // (kx, ky, ci, co)
   wt.compute_root()
@@ -236,15 +240,8 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // channel.
   Expr unit = p.int_attr("stride_w") == 1 && p.int_attr("dil_w") == 1 && p.int_attr("groups") == 1;
   p.acc.specialize(wider).split(w, wa, wb, v).vectorize(wb).unroll(wa).unroll(c);
-  auto wider_update = [&](Stage s) {
-    s.split(w, wa, wb, v)
-        .reorder(wb, wa, c, r[0], r[1], r[2], h, n)
-        .vectorize(wb)
-        .unroll(wa)
-        .unroll(c);
-  };
-  wider_update(p.acc.update(0).specialize(wider && unit));
-  wider_update(p.acc.update(0).specialize(wider));
+  for (Stage s : {p.acc.update(0).specialize(wider && unit), p.acc.update(0).specialize(wider)})
+    register_tile(s, w, c, v, r, {h, n});
   if (half < v) {
     p.acc.specialize(wide).vectorize(w, v).unroll(c);
     acc_update(p.acc.update(0).specialize(wide && unit), v);

@@ -93,8 +93,9 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
         out_shape.push_back(1);
     }
   }
+  // Axes that are not adjacent are moved last; a normalize op's result is moved back (`back`).
+  std::vector<int> back;
   if (axes.back() - axes.front() + 1 != int(axes.size())) {
-    OPFORGE_CHECK(!normalize) << name << ": the normalised axes must be adjacent";
     std::vector<int> perm;
     for (int d = 0; d < rank; d++)
       if (!std::binary_search(axes.begin(), axes.end(), d)) perm.push_back(d);
@@ -102,7 +103,13 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
     perm.insert(perm.end(), axes.begin(), axes.end());
     each([&](const Tensor& t) { return t.permute(perm); });
     for (size_t i = 0; i < axes.size(); i++) axes[i] = first + int(i);
+    if (normalize) {
+      out_shape = x.shape();
+      back.resize(perm.size());
+      for (size_t i = 0; i < perm.size(); i++) back[size_t(perm[i])] = int(i);
+    }
   }
+  auto result = [&](const Tensor& t) { return back.empty() ? t : t.permute(back); };
   each([](const Tensor& t) { return t.contiguous(); });
   int64_t outer = 1, reduced = 1, inner = 1;
   for (int d = 0; d < rank; d++) {
@@ -114,12 +121,12 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
       inner *= x.shape()[d];
   }
   Tensor out = Tensor::empty(out_shape, g.out_dtype);
-  if (out.numel() == 0) return place_like(out, {x});
+  if (out.numel() == 0) return result(place_like(out, {x}));
   if (reduced == 0) {
     double v;
     OPFORGE_CHECK(empty_reduction_value(op.name, v))
         << name << ": cannot reduce over an empty axis (size 0): the op has no identity value";
-    return place_like(Tensor::full(out_shape, v, g.out_dtype), {x});
+    return result(place_like(Tensor::full(out_shape, v, g.out_dtype), {x}));
   }
   KernelArgs args;
   args.input(dense_view(x, {inner, reduced, outer}));
@@ -135,7 +142,7 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   args.output(normalize ? dense_view(out, {inner, reduced, outer})
                         : dense_view(out, {inner, outer}));
   launch(g, extents({inner, reduced, outer}), std::move(args));
-  return out;
+  return result(out);
 }
 
 Tensor reduce_named(const OpInfo& op, const Tensor& x, const std::vector<int>& axes, bool keepdims,
@@ -192,23 +199,11 @@ double reduced_count(const Shape& shape, const std::vector<int>& axes) {
 }
 
 // A reduction's gradient by its generated backward op (a normalize op reading x and the result's
-// gradient expanded to x's shape), as reduce_recorded's grad. Such an op runs over adjacent axes:
-// others are moved last first, and the result moved back.
+// gradient expanded to x's shape), as reduce_recorded's grad.
 auto by_backward_op(const char* name, AttrValues attrs = {}) {
-  return [name, attrs](const Tensor& x, const Tensor&, const Tensor& g_kept, const Shape& shape,
+  return [name, attrs](const Tensor& x, const Tensor&, const Tensor& g, const Shape& shape,
                        const std::vector<int>& axes) {
-    const OpInfo& op = op_info(std::string(name));
-    Tensor g = g_kept.expand(shape);
-    if (axes.empty() || axes.back() - axes.front() + 1 == int(axes.size()))
-      return run_reduction(op, x, axes, true, attrs, {}, {g});
-    std::vector<int> perm, last, back(size_t(x.dim()));
-    for (int d = 0; d < x.dim(); d++)
-      if (!std::binary_search(axes.begin(), axes.end(), d)) perm.push_back(d);
-    for (size_t i = 0; i < axes.size(); i++) last.push_back(int(perm.size() + i));
-    perm.insert(perm.end(), axes.begin(), axes.end());
-    for (size_t i = 0; i < perm.size(); i++) back[size_t(perm[i])] = int(i);
-    return run_reduction(op, x.permute(perm), last, true, attrs, {}, {g.permute(perm)})
-        .permute(back);
+    return run_reduction(op_info(std::string(name)), x, axes, true, attrs, {}, {g.expand(shape)});
   };
 }
 
