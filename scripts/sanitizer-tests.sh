@@ -19,10 +19,14 @@ kernels=$(cd "$build/kernels" && pwd)
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:use_sigaltstack=0:intercept_tls_get_addr=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(pwd)/tests/sanitizers/tsan.supp
+# -O1 -g1 (line tables): what the sanitizers' documentation recommends for readable reports, and
+# half the compile time of RelWithDebInfo's -O2 -g on a fresh machine (45 s -> 20 s for
+# test_errors.cpp under ASan), which counts against make test's 45 minutes.
 for sanitizer in address,undefined thread; do
   dir=$build-sanitize-${sanitizer%%,*}
   start=$(date +%s)
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPFORGE_SANITIZE=$sanitizer \
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DOPFORGE_SANITIZE=$sanitizer \
         -DOPFORGE_PREBUILT_KERNELS="$kernels" >/dev/null
   cmake --build "$dir" -j "$jobs"
   (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600)
