@@ -1,4 +1,5 @@
-// The hand schedules (CPU and GPU) of reductions: rows, columns, normalising ops.
+// The hand schedules (CPU and GPU) of reductions: rows, columns, normalising ops, per-channel
+// statistics.
 #pragma once
 #include "schedules/common.hpp"
 
@@ -18,6 +19,23 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
   partial.reorder_storage(order).compute_at(at).vectorize(u).update(0).vectorize(u);
 }
 
+// A per_channel op's out(k) (batch normalisation's statistics): the channels in parallel, each
+// channel's reductions over (i, o) computed at it, in vector lanes along i where i is contiguous
+// and a vector long (NCHW: a channel's H x W plane), else one element at a time.
+inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
+  int v = vector_lanes(t, p.in_dtype);
+  Var k = p.vars[0];
+  p.out.parallel(k);
+  Expr unit = Halide::Internal::const_true();
+  for (const Halide::ImageParam& in : p.inputs)
+    if (in.dimensions() == 3) unit = unit && in.dim(0).stride() == 1 && in.dim(0).extent() >= v;
+  for (Func& f : p.reductions) {
+    f.compute_at(p.out, k);
+    in_vector_lanes(f.update(0).specialize(unit), f.rvars(0)[0], 4 * v,
+                    Halide::LoopLevel(p.out, k));
+  }
+}
+
 // A reduction's layout is known only at the call, so each branch is a specialization:
 // - rows: the reduced axis is contiguous and nothing lies inside it (the runtime's canonical view
 //   of a reduction over the last axes): a row's reductions accumulate in vector lanes (rfactor)
@@ -29,6 +47,7 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
 // Either way the reductions are computed once per outer index (and block), before the output
 // reads them, and a parallel task holds enough work to pay for its hand-off.
 inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
+  if (p.vars.size() == 1) return manual_per_channel(p, t);
   int v = vector_lanes(t, p.in_dtype);
   const bool normalize = p.vars.size() == 3;
   // Vectors per parallel task along the inner axis: a task reads 4 KiB or more of each row it
@@ -105,8 +124,8 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   }
 }
 
-// A normalize op's output keeps the reduced axis: a block per row; a reduce op's, a thread per
-// output.
+// A normalize op's output keeps the reduced axis: a block per row; a reduce op's (and a
+// per_channel op's), a thread per output.
 inline void gpu_reduction(gen::Pipeline& p) {
   if (p.vars.size() == 3)
     gpu_rows(p, 128);

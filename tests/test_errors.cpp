@@ -158,6 +158,13 @@ TEST(Errors, MiscellaneousInputChecks) {
   Tensor x = f32({4, 5});
   EXPECT_OPFORGE_ERROR(opforge::layer_norm(x, {6}), "layer_norm", "[6]");
   EXPECT_OPFORGE_ERROR(opforge::layer_norm(x, {5}, f32({4})), "layer_norm");
+  // batch_norm: an integer input, a weight of another channel count, one value per channel in
+  // training, evaluation without running statistics.
+  EXPECT_OPFORGE_ERROR(opforge::batch_norm(Tensor::zeros({4, 5}, DType::Int32), {}, {}),
+                       "batch_norm", "int32");
+  EXPECT_OPFORGE_ERROR(opforge::batch_norm(x, {}, {}, f32({4})), "batch_norm", "(5)");
+  EXPECT_OPFORGE_ERROR(opforge::batch_norm(f32({1, 5}), {}, {}), "batch_norm", "more than one");
+  EXPECT_OPFORGE_ERROR(opforge::batch_norm(x, {}, {}, {}, {}, false), "batch_norm", "running_mean");
   EXPECT_OPFORGE_ERROR(opforge::concat({x, f32({4, 6})}, 0), "concat");
   EXPECT_OPFORGE_ERROR(opforge::concat({}, 0), "concat");
   EXPECT_OPFORGE_ERROR(opforge::add(Tensor(), x), "add");

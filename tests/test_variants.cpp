@@ -506,6 +506,91 @@ void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   }
 }
 
+// The four batch_norm kernels, whichever of them is forced, through opforge::batch_norm forward
+// and backward in training (the batch's statistics, the running ones updated) and in evaluation
+// (the running statistics), against float64 formulas: per channel c over the n values of the
+// other dims, xhat = (x - mean) rstd, y = xhat w + b; dx = w rstd (g - sum(g) / n -
+// xhat sum(g xhat) / n) in training, w rstd g in evaluation; dw = sum(g xhat), db = sum(g).
+// An (N, C, H, W) input whose planes take a whole number of vector lanes and a tail, and an
+// (N, C) one (one value per channel and image).
+void check_batch_norm(const KernelGroup& g, const VariantInfo& v) {
+  DType dt = g.in_dtype;
+  const double eps = 1e-5, momentum = 0.1;
+  // The minimum extents: (inner, channels, batch) for all four kernels.
+  const int64_t* m = mins_of(v);
+  const int64_t C = at_least(m[1], 7), W = at_least((m[0] + 4) / 5, 7);
+  std::vector<Shape> shapes = {{at_least(m[2], 5), C, 5, W}};
+  if (m[0] <= 1) shapes.push_back({at_least(m[2], 9), C});
+  for (const Shape& shape : shapes)
+    for (bool training : {true, false}) {
+      // Evaluation takes the running statistics: batch_norm_stats does not run.
+      if (!training && g.op->name == "batch_norm_stats") continue;
+      SCOPED_TRACE(shape_str(shape) + (training ? " training" : " evaluation"));
+      const int64_t N = shape[0], inner = shape.size() == 4 ? shape[2] * shape[3] : 1;
+      const double n = double(N * inner);
+      std::string label = "variant/batch_norm " + shape_str(shape) + v.name;
+      Tensor x = random(shape, dt, Data::Normal, label + " x");
+      if (shape.size() == 4) x = x.transpose(2, 3).contiguous().transpose(2, 3);  // strides kept
+      Tensor gy = random(shape, dt, Data::Normal, label + " g");
+      Tensor w = random({C}, dt, Data::Normal, label + " w");
+      Tensor b = random({C}, dt, Data::Normal, label + " b");
+      Tensor rm = random({C}, dt, Data::Normal, label + " rm");
+      Tensor rv = opforge::add(opforge::abs(random({C}, dt, Data::Normal, label + " rv")), 0.5);
+      std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(),
+                          wv = w.to_double_vector(), bv = b.to_double_vector(),
+                          rmv = rm.to_double_vector(), rvv = rv.to_double_vector();
+      const size_t nc = static_cast<size_t>(C);
+      std::vector<double> y(xv.size()), dx(xv.size()), dw(nc), db(nc), rm_want(nc), rv_want(nc);
+      auto at = [&](int64_t o, int64_t c, int64_t i) { return size_t((o * C + c) * inner + i); };
+      for (int64_t c = 0; c < C; c++) {
+        double mu = 0, var = 0;
+        for (int64_t o = 0; o < N; o++)
+          for (int64_t i = 0; i < inner; i++) mu += xv[at(o, c, i)] / n;
+        for (int64_t o = 0; o < N; o++)
+          for (int64_t i = 0; i < inner; i++)
+            var += (xv[at(o, c, i)] - mu) * (xv[at(o, c, i)] - mu) / n;
+        rm_want[size_t(c)] =
+            training ? (1 - momentum) * rmv[size_t(c)] + momentum * mu : rmv[size_t(c)];
+        rv_want[size_t(c)] = training
+                                 ? (1 - momentum) * rvv[size_t(c)] + momentum * var * n / (n - 1)
+                                 : rvv[size_t(c)];
+        if (!training) mu = rmv[size_t(c)], var = rvv[size_t(c)];
+        double rstd = 1 / std::sqrt(var + eps), sg = 0, sgx = 0;
+        for (int64_t o = 0; o < N; o++)
+          for (int64_t i = 0; i < inner; i++) {
+            size_t k = at(o, c, i);
+            double xhat = (xv[k] - mu) * rstd;
+            y[k] = xhat * wv[size_t(c)] + bv[size_t(c)];
+            sg += gv[k];
+            sgx += gv[k] * xhat;
+          }
+        for (int64_t o = 0; o < N; o++)
+          for (int64_t i = 0; i < inner; i++) {
+            size_t k = at(o, c, i);
+            double xhat = (xv[k] - mu) * rstd;
+            dx[k] = wv[size_t(c)] * rstd * (training ? gv[k] - sg / n - xhat * sgx / n : gv[k]);
+          }
+        dw[size_t(c)] = sgx;
+        db[size_t(c)] = sg;
+      }
+      Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_(),
+             bl = b.detach().requires_grad_();
+      Tensor out;
+      Tensor got = run_forced(g, v, [&] {
+        out = opforge::batch_norm(xl, rm, rv, wl, bl, training, momentum, eps);
+        out.backward(gy);
+        return xl.grad();
+      });
+      Tol tol = loosest(accum_tol(dt, int64_t(n)), transcendental_tol(dt));
+      expect_close(out.detach(), Expected{y, shape}, dt, tol);
+      expect_close(got, Expected{dx, shape}, dt, tol);
+      expect_close(wl.grad(), Expected{dw, {C}}, dt, tol);
+      expect_close(bl.grad(), Expected{db, {C}}, dt, tol);
+      expect_close(rm, Expected{rm_want, {C}}, dt, tol);
+      expect_close(rv, Expected{rv_want, {C}}, dt, tol);
+    }
+}
+
 // ---- contraction: call extents (N, M, K, batch) ----
 
 // Compares every element of the result with reference(0, M), rows [0, M) of its last-but-one dim.
@@ -875,6 +960,9 @@ const std::map<std::string, Handler>& handlers() {
     t["cross_entropy_backward"] = cross_entropy_handler(true);
     t["layer_norm"] = check_layer_norm;
     t["layer_norm_backward"] = check_layer_norm_backward;
+    for (const char* op :
+         {"batch_norm_stats", "batch_norm", "batch_norm_backward_reduce", "batch_norm_backward"})
+      t[op] = check_batch_norm;
     for (const char* op : {"max", "min", "logsumexp", "var"})
       t[std::string(op) + "_backward"] = reduction_backward_handler(op);
     t["matmul"] = check_matmul;
@@ -928,6 +1016,10 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "min_backward",
                          "logsumexp_backward",
                          "var_backward",
+                         "batch_norm_stats",
+                         "batch_norm",
+                         "batch_norm_backward_reduce",
+                         "batch_norm_backward",
                          "matmul",
                          "gemm",
                          "linear",

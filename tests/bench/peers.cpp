@@ -510,6 +510,41 @@ BenchResult bench_dispatch_add_4(const BenchOptions& o) {
 #endif
 }
 
+// One training step of batch normalisation at the CNN's first layer's size (batch 128, 32
+// channels of 24 x 24): the forward in training (statistics, running statistics, normalisation)
+// and the backward for x, the weight and the bias, against libtorch's torch::batch_norm and
+// autograd with the same threads.
+BenchResult bench_batch_norm_step(const BenchOptions& o) {
+  const std::string name = "batch_norm_train_f32_128x32x24x24";
+  const Shape shape{128, 32, 24, 24};
+  Generator gen(5);
+  Tensor x = Tensor::randn(shape, DType::Float32, gen).requires_grad_();
+  const Tensor g = Tensor::randn(shape, DType::Float32, gen);
+  Tensor w = Tensor::ones({32}, DType::Float32).requires_grad_();
+  Tensor b = Tensor::zeros({32}, DType::Float32).requires_grad_();
+  const Tensor rm = Tensor::zeros({32}, DType::Float32), rv = Tensor::ones({32}, DType::Float32);
+  Tensor y;
+  const Fn ours = [&] {
+    for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+    y = batch_norm(x, rm, rv, w, b, true);
+    y.backward(g);
+  };
+  warm_up(ours, calibration_calls("batch_norm"));
+  check_shape(name, y, shape);
+#ifdef OPFORGE_HAVE_LIBTORCH
+  std::vector<float> theirs_y;
+  const Fn theirs = torch_batch_norm_step(float_values(x.detach()), float_values(g),
+                                          {128, 32, 24, 24}, num_cpu_cores(true), theirs_y);
+  check_close(name, "libtorch", float_values(y.detach()), theirs_y, 1e-4);
+  warm_up(theirs, 2);
+  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
+  return make_result(name, "us/call", t[0] * 1e6, "libtorch_batch_norm", t[1] * 1e6);
+#else
+  return make_result(name, "us/call", seconds_per_call({ours}, o)[0] * 1e6,
+                     "none (libtorch not found at configure time)", 0);
+#endif
+}
+
 // Two threads calling tiny ops at once, against one thread: how the per-call path scales when it
 // takes no lock another call holds. Each thread makes its own tensors and calibrates its bucket
 // before the clock starts; throughput in million calls per second (ratio > 1: two threads do more).
@@ -577,6 +612,7 @@ const std::vector<Benchmark>& benchmarks() {
         {"softmax_f32_64x32000", bench_softmax_rows},
         {"sum_f32_4096x4096_axis1", [](const BenchOptions& o) { return bench_sum_axis(1, o); }},
         {"sum_f32_4096x4096_axis0", [](const BenchOptions& o) { return bench_sum_axis(0, o); }},
+        {"batch_norm_train_f32_128x32x24x24", bench_batch_norm_step},
         {"dispatch_add_4", bench_dispatch_add_4},
         {"dispatch_2threads", bench_dispatch_2threads},
     };

@@ -51,8 +51,8 @@ nlohmann::json run_peer(const std::string& python, const std::string& model, int
                         int64_t steps, int threads) {
   std::string cmd = "'" + python + "' '" OPFORGE_SOURCE_DIR "/tests/bench/train_peer.py' --model " +
                     model + " --batch-size " + std::to_string(batch) + " --steps " +
-                    std::to_string(steps) + " --warmup " + std::to_string(kWarmup) +
-                    " --threads " + std::to_string(threads) + " 2>&1";
+                    std::to_string(steps) + " --warmup " + std::to_string(kWarmup) + " --threads " +
+                    std::to_string(threads) + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   OPFORGE_CHECK(pipe) << "cannot start " << cmd;
   std::string out;

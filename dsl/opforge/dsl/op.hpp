@@ -208,13 +208,22 @@ struct RedArgs {
   Halide::Var i, o, k;
   Halide::RDom r;  // over the reduced extent
   Expr n;          // reduced extent
+  // A per_channel op keeps k (batch_norm's channels) and reduces over every (i, o): `across` runs
+  // over them and `count` is their number (inner x outer).
+  Halide::RDom across;
+  Expr count;
   Attrs attr;
   Type type, out_type;
   Expr x(const Expr& kk) const { return in(i, kk, o); }
   Expr like_at(size_t j, const Expr& kk) const { return like[j](i, kk, o); }
+  // x and the inputs of its shape at channel k, at `across`'s point.
+  Expr x_across() const { return in(across.x, k, across.y); }
+  Expr like_across(size_t j) const { return like[j](across.x, k, across.y); }
 };
 
-enum class ReductionKind { reduce, normalize };  // reduce: out(i, o); normalize: out(i, k, o)
+// reduce: out(i, o); normalize: out(i, k, o); per_channel: out(k), a Tuple of results per channel
+// (reduced over i and o, the statistics batch normalisation needs).
+enum class ReductionKind { reduce, normalize, per_channel };
 
 template <class Dtypes, class Fn>
 struct ReductionOp {
@@ -224,7 +233,7 @@ struct ReductionOp {
   Dtypes dtypes;
   const char* attrs;
   OutRule out;
-  Fn fn;  // returns the output expression at (i, o) or (i, k, o)
+  Fn fn;  // returns the output expression at (i, o) or (i, k, o), or a Tuple at (k)
   int extra_inputs = 0;
   int like_inputs = 0;
 };
@@ -251,6 +260,15 @@ constexpr auto normalize_like(const char* name, Dtypes d, int like_inputs, Fn fn
                               const char* attrs = "", int extra_inputs = 0) {
   return ReductionOp<Dtypes, Fn>{
       name, ReductionKind::normalize, d, attrs, same, fn, extra_inputs, like_inputs};
+}
+
+// A per_channel op: out(k) is the Tuple fn returns, from in(i, k, o), `like_inputs` tensors of its
+// shape and `extra_inputs` 1-D inputs indexed by k.
+template <class Dtypes, class Fn>
+constexpr auto per_channel(const char* name, Dtypes d, int like_inputs, Fn fn,
+                           const char* attrs = "", int extra_inputs = 0) {
+  return ReductionOp<Dtypes, Fn>{
+      name, ReductionKind::per_channel, d, attrs, same, fn, extra_inputs, like_inputs};
 }
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----

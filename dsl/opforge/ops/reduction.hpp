@@ -62,6 +62,12 @@ inline Expr extremum_grad(const RedArgs& a, const Expr& extremum) {
   Expr count = Halide::sum(Halide::cast(a.type, ties(a.r)));
   return select(ties(a.k), a.like_at(0, a.k) / count, Halide::cast(a.type, 0));
 }
+// batch_norm's 1 / sqrt(var + eps) at channel k, from the variance given as extra[1], in the
+// accumulator's type.
+inline Expr given_rstd(const RedArgs& a) {
+  Halide::Type acc = acc_type(a.type);
+  return 1 / Halide::sqrt(Halide::cast(acc, a.extra[1](a.k)) + Halide::cast(acc, a.attr["eps"]));
+}
 }  // namespace detail
 
 inline const auto reduction_ops = hana::make_tuple(
@@ -183,6 +189,56 @@ inline const auto reduction_ops = hana::make_tuple(
           Expr mean_gwx = detail::acc_sum(gw(a.r) * xhat(a.r)) / n;
           return Halide::cast(a.type, rstd * (gw(a.k) - mean_gw - xhat(a.k) * mean_gwx));
         },
-        "eps", 1));
+        "eps", 1),
+    // Batch normalisation in training, in the four kernels PyTorch's CPU and CUDA code splits it
+    // into, on the view in(i, k, o) with k the channels (NCHW: i = H x W, o = N); each channel's
+    // statistics are over i and o. The statistics: the mean and the biased variance.
+    per_channel("batch_norm_stats", floats, 0,
+                [](const RedArgs& a) {
+                  Halide::Type acc = detail::acc_type(a.type);
+                  Expr n = Halide::cast(acc, a.count);
+                  Expr mu = detail::acc_sum(a.x_across()) / n;
+                  Expr d = Halide::cast(acc, a.x_across()) - mu;
+                  return Halide::Tuple(mu, detail::acc_sum(d * d) / n);
+                }),
+    // The normalisation, from given statistics (the batch's, or the running ones in evaluation):
+    // extra inputs mean(k), var(k), weight(k), bias(k); attribute eps.
+    normalize(
+        "batch_norm", floats,
+        [](const RedArgs& a) {
+          Expr scale = Halide::cast(a.type, detail::given_rstd(a)) * a.extra[2](a.k);
+          return (a.x(a.k) - a.extra[0](a.k)) * scale + a.extra[3](a.k);
+        },
+        "eps", 4),
+    // What the gradients need per channel, from x, the result's gradient g (like[0]) and the
+    // statistics (extra mean(k), var(k)): sum(g) (the bias's gradient) and sum(g xhat) (the
+    // weight's), xhat = (x - mean) rstd.
+    per_channel(
+        "batch_norm_backward_reduce", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr rstd = detail::given_rstd(a);
+          Expr g = Halide::cast(acc, a.like_across(0));
+          Expr xhat = (Halide::cast(acc, a.x_across()) - Halide::cast(acc, a.extra[0](a.k))) * rstd;
+          return Halide::Tuple(detail::acc_sum(g), detail::acc_sum(g * xhat));
+        },
+        "eps", 2),
+    // x's gradient, from x, g (like[0]) and extra mean(k), var(k), weight(k), sum_g(k),
+    // sum_gxhat(k): weight rstd (g - sum_g / n - xhat sum_gxhat / n) over the n values of a
+    // channel, in training (the statistics depend on x); given zero sums, weight rstd g, the
+    // gradient through fixed (running) statistics.
+    normalize_like(
+        "batch_norm_backward", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr n = Halide::cast(acc, a.count);
+          Expr rstd = detail::given_rstd(a);
+          Expr xhat = (Halide::cast(acc, a.x(a.k)) - Halide::cast(acc, a.extra[0](a.k))) * rstd;
+          Expr dx = Halide::cast(acc, a.extra[2](a.k)) * rstd *
+                    (Halide::cast(acc, a.like_at(0, a.k)) - Halide::cast(acc, a.extra[3](a.k)) / n -
+                     xhat * Halide::cast(acc, a.extra[4](a.k)) / n);
+          return Halide::cast(a.type, dx);
+        },
+        "eps", 5));
 
 }  // namespace opforge::ops

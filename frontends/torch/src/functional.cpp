@@ -122,43 +122,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
-  OPFORGE_CHECK(x.defined() && x.dim() >= 2) << "batch_norm: expected an (N, C, ...) input, got "
-                                             << (x.defined() ? shape_str(x.shape()) : "undefined");
-  const int64_t C = x.size(1);
-  OPFORGE_CHECK(running_mean.defined() == running_var.defined())
-      << "batch_norm: running_mean and running_var come together (both or neither)";
-  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias})
-    OPFORGE_CHECK(!t->defined() || t->shape() == Shape{C})
-        << "batch_norm: a statistic or affine parameter of shape " << shape_str(t->shape())
-        << ", expected (" << C << ") for the input's " << C << " channels";
-  OPFORGE_CHECK(training || (running_mean.defined() && running_var.defined()))
-      << "batch_norm: evaluation needs running_mean and running_var";
-  std::vector<int> axes = {0};
-  Shape per_channel(size_t(x.dim()), 1);
-  per_channel[1] = C;
-  for (int d = 2; d < x.dim(); d++) axes.push_back(d);
-  Tensor mu, var;
-  if (training) {
-    const int64_t n = x.numel() / std::max<int64_t>(C, 1);
-    OPFORGE_CHECK(n > 1) << "batch_norm: training needs more than one value per channel, got "
-                         << shape_str(x.shape());
-    mu = mean(x, axes, true);
-    var = opforge::var(x, axes, true);
-    if (running_mean.defined()) {
-      autograd::NoGradGuard no_grad;
-      Tensor m = mu.detach().reshape({C}), v = var.detach().reshape({C});
-      Tensor rm = running_mean, rv = running_var;  // handles on the same storage
-      rm.mul_(1 - momentum).add_(m.to(rm.dtype()), momentum);
-      rv.mul_(1 - momentum).add_(mul(v, double(n) / double(n - 1)).to(rv.dtype()), momentum);
-    }
-  } else {
-    mu = running_mean.reshape(per_channel);
-    var = running_var.reshape(per_channel);
-  }
-  Tensor y = mul(sub(x, mu), rsqrt(add(var, eps)));
-  if (weight.defined()) y = mul(y, weight.reshape(per_channel));
-  if (bias.defined()) y = add(y, bias.reshape(per_channel));
-  return y;
+  return opforge::batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
 }
 
 }  // namespace opforge::torch::functional

@@ -7,12 +7,14 @@
 
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
+#include "ops/reduction_call.hpp"
 
 namespace opforge {
 namespace {
 using namespace detail;
 
-constexpr int kNormalize = 1;  // ReductionKind::normalize in the DSL
+constexpr int kNormalize = 1;   // ReductionKind::normalize in the DSL
+constexpr int kPerChannel = 2;  // ReductionKind::per_channel
 
 std::vector<int> normalize_axes(const char* op, std::vector<int> axes, int rank) {
   if (axes.empty()) {
@@ -53,14 +55,17 @@ const KernelGroup& group_for(const OpInfo& op, DType t) {
   return op.group(std::string(dtype_name(t)));
 }
 
-// `like`: inputs of x's shape that the kernel reads at x's canonical view (a normalize op's
-// gradient reads the result's gradient beside the result).
-Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
-                     const AttrValues& attrs, const std::vector<Tensor>& extra,
-                     std::vector<Tensor> like = {}) {
+}  // namespace
+
+Tensor detail::run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
+                             const AttrValues& attrs, const std::vector<Tensor>& extra,
+                             std::vector<Tensor> like) {
   const char* name = op.name.c_str();
   OPFORGE_CHECK(op.family == "reduction")
       << op.name << " is a " << op.family << " op, not a reduction";
+  OPFORGE_CHECK(op.flags != kPerChannel)
+      << op.name << " computes per-channel statistics for batch normalisation; call "
+      << "opforge::batch_norm";
   OPFORGE_CHECK(x.defined()) << name << ": input is undefined";
   const KernelGroup& g = group_for(op, x.dtype());
   bool normalize = op.flags == kNormalize;
@@ -144,6 +149,8 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
   launch(g, extents({inner, reduced, outer}), std::move(args));
   return result(out);
 }
+
+namespace {
 
 Tensor reduce_named(const OpInfo& op, const Tensor& x, const std::vector<int>& axes, bool keepdims,
                     const AttrValues& attrs = {}) {

@@ -1,0 +1,114 @@
+// batch_norm and its gradients on the reduction family's four batch_norm kernels: x (N, C, ...) is
+// the view (inner, C, N) with inner the product of the dims after C, so nothing is copied; the
+// per-channel statistics are reduced over inner and N.
+#include <tuple>
+
+#include "autograd/record.hpp"
+#include "kernels/kernel_call.hpp"
+#include "ops/reduction_call.hpp"
+
+namespace opforge {
+namespace {
+using namespace detail;
+
+struct ChannelView {
+  int64_t inner = 1, channels = 0, outer = 0;
+};
+ChannelView channel_view(const Tensor& x) {
+  ChannelView v{1, x.size(1), x.size(0)};
+  for (int d = 2; d < x.dim(); d++) v.inner *= x.size(d);
+  return v;
+}
+
+// Runs a per_channel op (batch_norm_stats, batch_norm_backward_reduce): its two results per
+// channel.
+std::pair<Tensor, Tensor> run_per_channel(const OpInfo& op, const Tensor& x,
+                                          const std::vector<Tensor>& like,
+                                          const std::vector<Tensor>& extra,
+                                          const AttrValues& attrs) {
+  const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
+  ChannelView v = channel_view(x);
+  Tensor a = Tensor::empty({v.channels}, g.out_dtype), b = Tensor::empty({v.channels}, g.out_dtype);
+  if (v.channels == 0) return {place_like(a, {x}), place_like(b, {x})};
+  KernelArgs args;
+  args.input(dense_view(x.contiguous(), {v.inner, v.channels, v.outer}));
+  for (const Tensor& t : like)
+    args.input(dense_view(t.to(g.in_dtype).contiguous(), {v.inner, v.channels, v.outer}));
+  for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {v.channels}));
+  args.attrs(op, attrs);
+  args.output(dense_view(a, {v.channels}));
+  args.output(dense_view(b, {v.channels}));
+  launch(g, extents({v.inner, v.channels, v.outer}), std::move(args));
+  return {a, b};
+}
+
+// x's, the weight's and the bias's gradients, given g (the result's gradient). In training the
+// statistics depend on x: dx takes the sums of g and g xhat over each channel; through fixed
+// (running) statistics it is weight rstd g, which the same kernel gives with zero sums.
+std::vector<Tensor> batch_norm_grads(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& var, const Tensor& g, bool training, double eps,
+                                     bool need_x, bool need_w, bool need_b) {
+  Tensor sum_g, sum_gxhat, dx;
+  if ((training && need_x) || need_w || need_b)
+    std::tie(sum_g, sum_gxhat) =
+        run_per_channel(OPFORGE_OP("batch_norm_backward_reduce"), x, {g}, {mean, var}, {eps});
+  if (need_x) {
+    Tensor zeros = training ? Tensor() : Tensor::zeros({x.size(1)}, x.dtype());
+    dx = run_reduction(OPFORGE_OP("batch_norm_backward"), x, {1}, true, {eps},
+                       {mean, var, w, training ? sum_g : zeros, training ? sum_gxhat : zeros}, {g});
+  }
+  return {dx, need_w ? sum_gxhat : Tensor(), need_b ? sum_g : Tensor()};
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  OPFORGE_CHECK(x.defined() && x.dim() >= 2) << "batch_norm: expected an (N, C, ...) input, got "
+                                             << (x.defined() ? shape_str(x.shape()) : "undefined");
+  OPFORGE_CHECK(is_floating(x.dtype()))
+      << "batch_norm: expected a float32 or float64 input, got " << dtype_name(x.dtype());
+  const int64_t C = x.size(1);
+  OPFORGE_CHECK(running_mean.defined() == running_var.defined())
+      << "batch_norm: running_mean and running_var come together (both or neither)";
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias})
+    OPFORGE_CHECK(!t->defined() || t->shape() == Shape{C})
+        << "batch_norm: a statistic or affine parameter of shape " << shape_str(t->shape())
+        << ", expected (" << C << ") for the input's " << C << " channels";
+  OPFORGE_CHECK(training || running_mean.defined())
+      << "batch_norm: evaluation needs running_mean and running_var";
+  const int64_t n = C == 0 ? 0 : x.numel() / C;
+  OPFORGE_CHECK(!training || n > 1)
+      << "batch_norm: training needs more than one value per channel, got " << shape_str(x.shape());
+  Tensor mean, var;
+  if (training) {
+    autograd::NoGradGuard no_grad;
+    std::tie(mean, var) = run_per_channel(OPFORGE_OP("batch_norm_stats"), x.detach(), {}, {}, {});
+    if (running_mean.defined()) {
+      Tensor rm = running_mean, rv = running_var;  // handles on the same storage
+      rm.mul_(1 - momentum).add_(mean.to(rm.dtype()), momentum);
+      rv.mul_(1 - momentum).add_(mul(var, double(n) / double(n - 1)).to(rv.dtype()), momentum);
+    }
+  } else {
+    mean = running_mean.to(x.dtype());
+    var = running_var.to(x.dtype());
+  }
+  Tensor w = weight.defined() ? weight.to(x.dtype()) : Tensor::ones({C}, x.dtype());
+  Tensor b = bias.defined() ? bias.to(x.dtype()) : Tensor::zeros({C}, x.dtype());
+  auto forward = [&] {
+    return run_reduction(OPFORGE_OP("batch_norm"), x, {1}, true, {eps}, {mean, var, w, b});
+  };
+  return autograd::differentiable("batch_norm", {x, weight, bias}, forward, [&](const Tensor&) {
+    return [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(w),
+            smean = autograd::SavedTensor(mean), svar = autograd::SavedTensor(var), training, eps,
+            need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+            need_b = bias.defined() && bias.requires_grad()](const std::vector<Tensor>& g) {
+      return batch_norm_grads(sx.unpack("batch_norm"), sw.unpack("batch_norm"),
+                              smean.unpack("batch_norm"), svar.unpack("batch_norm"), g[0], training,
+                              eps, need_x, need_w, need_b);
+    };
+  });
+}
+
+}  // namespace opforge

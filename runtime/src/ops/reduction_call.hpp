@@ -1,0 +1,19 @@
+// The reduction family's call (reduction.cpp), for the ops elsewhere that run its kernels
+// (batch_norm.cpp).
+#pragma once
+#include <vector>
+
+#include "opforge/ops.hpp"
+#include "opforge/registry.hpp"
+
+namespace opforge::detail {
+
+// Runs a reduce or normalize op over `axes` of x: any set of axes becomes the canonical (inner,
+// reduced, outer) view, permuting (and copying) only when they are not adjacent. `extra`: 1-D
+// inputs of the reduced extent (layer_norm's weight and bias); `like`: inputs of x's shape that the
+// kernel reads at x's view (a normalize op's gradient reads the result's gradient).
+Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
+                     const AttrValues& attrs, const std::vector<Tensor>& extra,
+                     std::vector<Tensor> like = {});
+
+}  // namespace opforge::detail
