@@ -48,9 +48,10 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
     if (name != p.out.name() && f.has_update_definition()) p.reductions.emplace_back(f);
   p.set_estimates = [p, normalize, per_channel](int64_t size) mutable {
-    // A per_channel op's channels and batch: a quarter of the plane, so that its autoscheduled
-    // variants (which need at least these extents) serve a CNN's layers (32 channels of 24 x 24).
-    std::vector<int64_t> ext = per_channel ? std::vector<int64_t>{size, size / 4, size / 4}
+    // A per_channel op's autoscheduled variants need at least these extents: any plane
+    // (layer_norm's view has none), and a quarter of the size in channels and batch (a CNN's 32
+    // channels).
+    std::vector<int64_t> ext = per_channel ? std::vector<int64_t>{1, size / 4, size / 4}
                                            : std::vector<int64_t>{1, size, size};
     p.inputs[0].set_estimates(detail::ranges(ext));
     for (size_t e = 1; e < p.inputs.size(); e++)

@@ -19,9 +19,10 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
   partial.reorder_storage(order).compute_at(at).vectorize(u).update(0).vectorize(u);
 }
 
-// A per_channel op's out(k) (batch normalisation's statistics): the channels in parallel, each
+// A per_channel op's out(k) (normalisation's per-channel sums): the channels in parallel, each
 // channel's reductions over (i, o) computed at it, in vector lanes along i where i is contiguous
-// and a vector long (NCHW: a channel's H x W plane), else one element at a time.
+// and a vector long (NCHW: a channel's H x W plane), else one element at a time. Reductions that
+// do not depend on the channel (layer_norm's row statistics) are computed once, before.
 inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
   int v = vector_lanes(t, p.in_dtype);
   Var k = p.vars[0];
@@ -30,6 +31,13 @@ inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
   for (const Halide::ImageParam& in : p.inputs)
     if (in.dimensions() == 3) unit = unit && in.dim(0).stride() == 1 && in.dim(0).extent() >= v;
   for (Func& f : p.reductions) {
+    bool per_channel = false;
+    for (const Var& a : f.args()) per_channel = per_channel || a.name() == k.name();
+    if (!per_channel) {
+      f.compute_root();
+      if (!f.args().empty()) f.update(0).parallel(f.args().back());
+      continue;
+    }
     f.compute_at(p.out, k);
     in_vector_lanes(f.update(0).specialize(unit), f.rvars(0)[0], 4 * v,
                     Halide::LoopLevel(p.out, k));

@@ -448,8 +448,9 @@ Handler cross_entropy_handler(bool backward) {
   };
 }
 
-// layer_norm_backward: x's gradient through autograd (with a weight), against the float64 formula
-// rstd (gw - mean(gw) - xhat mean(gw xhat)), gw = g weight.
+// layer_norm_backward and layer_norm_backward_reduce: x's, the weight's and the bias's gradients
+// through autograd, against the float64 formulas rstd (gw - mean(gw) - xhat mean(gw xhat)),
+// gw = g weight; sum over the rows of g xhat; sum of g.
 void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
@@ -461,8 +462,10 @@ void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
     Tensor x = random_as(l, {outer, reduced}, dt, Data::Normal, "variant/ln_bwd x" + v.name, 0, 1);
     Tensor gy = random_as(l, {outer, reduced}, dt, Data::Normal, "variant/ln_bwd g" + v.name, 0, 1);
     Tensor w = random({reduced}, dt, Data::Normal, "variant/ln_bwd w" + v.name);
+    Tensor b = random({reduced}, dt, Data::Normal, "variant/ln_bwd b" + v.name);
     std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(),
                         wv = w.to_double_vector(), want(xv.size());
+    std::vector<double> dw(static_cast<size_t>(reduced)), db(static_cast<size_t>(reduced));
     for (int64_t o = 0; o < outer; o++) {
       auto at = [&](int64_t k) { return size_t(o * reduced + k); };
       double mu = 0, var = 0, mgw = 0, mgwx = 0;
@@ -475,16 +478,22 @@ void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
         mgw += gw / double(reduced);
         mgwx += gw * (xv[at(k)] - mu) * rstd / double(reduced);
       }
-      for (int64_t k = 0; k < reduced; k++)
+      for (int64_t k = 0; k < reduced; k++) {
         want[at(k)] = rstd * (gv[at(k)] * wv[size_t(k)] - mgw - (xv[at(k)] - mu) * rstd * mgwx);
+        dw[size_t(k)] += gv[at(k)] * (xv[at(k)] - mu) * rstd;
+        db[size_t(k)] += gv[at(k)];
+      }
     }
-    Tensor leaf = x.detach().requires_grad_();
+    Tensor leaf = x.detach().requires_grad_(), wl = w.detach().requires_grad_(),
+           bl = b.detach().requires_grad_();
     Tensor got = run_forced(g, v, [&] {
-      opforge::layer_norm(leaf, {reduced}, w, Tensor(), eps).backward(gy);
+      opforge::layer_norm(leaf, {reduced}, wl, bl, eps).backward(gy);
       return leaf.grad();
     });
-    expect_close(got, Expected{want, {outer, reduced}}, dt,
-                 loosest(accum_tol(dt, reduced), transcendental_tol(dt)));
+    Tol tol = loosest(accum_tol(dt, std::max(reduced, outer)), transcendental_tol(dt));
+    expect_close(got, Expected{want, {outer, reduced}}, dt, tol);
+    expect_close(wl.grad(), Expected{dw, {reduced}}, dt, tol);
+    expect_close(bl.grad(), Expected{db, {reduced}}, dt, tol);
   }
 }
 
@@ -960,6 +969,7 @@ const std::map<std::string, Handler>& handlers() {
     t["cross_entropy_backward"] = cross_entropy_handler(true);
     t["layer_norm"] = check_layer_norm;
     t["layer_norm_backward"] = check_layer_norm_backward;
+    t["layer_norm_backward_reduce"] = check_layer_norm_backward;
     for (const char* op :
          {"batch_norm_stats", "batch_norm", "batch_norm_backward_reduce", "batch_norm_backward"})
       t[op] = check_batch_norm;
@@ -1012,6 +1022,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "cross_entropy_backward",
                          "layer_norm",
                          "layer_norm_backward",
+                         "layer_norm_backward_reduce",
                          "max_backward",
                          "min_backward",
                          "logsumexp_backward",

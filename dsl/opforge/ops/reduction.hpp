@@ -190,6 +190,26 @@ inline const auto reduction_ops = hana::make_tuple(
           return Halide::cast(a.type, rstd * (gw(a.k) - mean_gw - xhat(a.k) * mean_gwx));
         },
         "eps", 1),
+    // Its weight's and bias's gradients, from x and g (like[0]) on layer_norm's view (1, D, rows):
+    // per k of the normalised dims D, the sums over the rows of g xhat (the weight's) and of g (the
+    // bias's); each row's mean and rstd are reduced over k once, before.
+    per_channel(
+        "layer_norm_backward_reduce", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Halide::Var row("row");
+          Expr n = Halide::cast(acc, a.n), at_r = Halide::cast(acc, a.in(0, a.r, row));
+          Expr mu = detail::acc_sum(at_r) / n;
+          Halide::Func stats("row_stats");
+          stats(row) =
+              Halide::Tuple(mu, 1 / Halide::sqrt(detail::acc_sum((at_r - mu) * (at_r - mu)) / n +
+                                                 Halide::cast(acc, a.attr["eps"])));
+          Expr g = Halide::cast(acc, a.like_across(0));
+          Expr xhat =
+              (Halide::cast(acc, a.x_across()) - stats(a.across.y)[0]) * stats(a.across.y)[1];
+          return Halide::Tuple(detail::acc_sum(g * xhat), detail::acc_sum(g));
+        },
+        "eps"),
     // Batch normalisation in training, in the four kernels PyTorch's CPU and CUDA code splits it
     // into, on the view in(i, k, o) with k the channels (NCHW: i = H x W, o = N); each channel's
     // statistics are over i and o. The statistics: the mean and the biased variance.

@@ -11,37 +11,6 @@ namespace opforge {
 namespace {
 using namespace detail;
 
-struct ChannelView {
-  int64_t inner = 1, channels = 0, outer = 0;
-};
-ChannelView channel_view(const Tensor& x) {
-  ChannelView v{1, x.size(1), x.size(0)};
-  for (int d = 2; d < x.dim(); d++) v.inner *= x.size(d);
-  return v;
-}
-
-// Runs a per_channel op (batch_norm_stats, batch_norm_backward_reduce): its two results per
-// channel.
-std::pair<Tensor, Tensor> run_per_channel(const OpInfo& op, const Tensor& x,
-                                          const std::vector<Tensor>& like,
-                                          const std::vector<Tensor>& extra,
-                                          const AttrValues& attrs) {
-  const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
-  ChannelView v = channel_view(x);
-  Tensor a = Tensor::empty({v.channels}, g.out_dtype), b = Tensor::empty({v.channels}, g.out_dtype);
-  if (v.channels == 0) return {place_like(a, {x}), place_like(b, {x})};
-  KernelArgs args;
-  args.input(dense_view(x.contiguous(), {v.inner, v.channels, v.outer}));
-  for (const Tensor& t : like)
-    args.input(dense_view(t.to(g.in_dtype).contiguous(), {v.inner, v.channels, v.outer}));
-  for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {v.channels}));
-  args.attrs(op, attrs);
-  args.output(dense_view(a, {v.channels}));
-  args.output(dense_view(b, {v.channels}));
-  launch(g, extents({v.inner, v.channels, v.outer}), std::move(args));
-  return {a, b};
-}
-
 // x's, the weight's and the bias's gradients, given g (the result's gradient). In training the
 // statistics depend on x: dx takes the sums of g and g xhat over each channel; through fixed
 // (running) statistics it is weight rstd g, which the same kernel gives with zero sums.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
@@ -148,6 +149,38 @@ Tensor detail::run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, 
                         : dense_view(out, {inner, outer}));
   launch(g, extents({inner, reduced, outer}), std::move(args));
   return result(out);
+}
+
+std::pair<Tensor, Tensor> detail::run_per_channel(const OpInfo& op, const Tensor& x,
+                                                  const std::vector<Tensor>& like,
+                                                  const std::vector<Tensor>& extra,
+                                                  const AttrValues& attrs) {
+  OPFORGE_CHECK(op.flags == kPerChannel) << op.name << " is not a per-channel reduction";
+  OPFORGE_CHECK(x.defined() && x.dim() >= 2) << op.name << ": expected an (N, C, ...) input, got "
+                                             << (x.defined() ? shape_str(x.shape()) : "undefined");
+  const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
+  // (inner, C, N): the dims after C, the channels, the batch.
+  int64_t inner = 1, channels = x.size(1), outer = x.size(0);
+  for (int d = 2; d < x.dim(); d++) inner *= x.size(d);
+  Tensor a = Tensor::empty({channels}, g.out_dtype), b = Tensor::empty({channels}, g.out_dtype);
+  if (channels == 0) return {place_like(a, {x}), place_like(b, {x})};
+  if (inner == 0 || outer == 0)  // sums over nothing
+    return {place_like(Tensor::zeros({channels}, g.out_dtype), {x}),
+            place_like(Tensor::zeros({channels}, g.out_dtype), {x})};
+  KernelArgs args;
+  args.input(dense_view(x.contiguous(), {inner, channels, outer}));
+  for (const Tensor& t : like) {
+    OPFORGE_CHECK(t.defined() && t.shape() == x.shape())
+        << op.name << ": an input has shape " << (t.defined() ? shape_str(t.shape()) : "undefined")
+        << ", expected the first input's " << shape_str(x.shape());
+    args.input(dense_view(t.to(g.in_dtype).contiguous(), {inner, channels, outer}));
+  }
+  for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {channels}));
+  args.attrs(op, attrs);
+  args.output(dense_view(a, {channels}));
+  args.output(dense_view(b, {channels}));
+  launch(g, extents({inner, channels, outer}), std::move(args));
+  return {a, b};
 }
 
 namespace {
@@ -321,19 +354,25 @@ namespace {
 // The gradients of layer_norm at x over `axes`, given g (the result's gradient): with
 // xhat = (x - mean) * rstd and gw = g * weight,
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), dweight = sum(g * xhat), dbias = sum(g).
-// dx is one generated kernel (layer_norm_backward); the weight's and bias's are sums over the rows.
+// dx is one generated kernel (layer_norm_backward), the weight's and bias's another
+// (layer_norm_backward_reduce: sums over the rows).
 std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Shape& normalized,
                                      const std::optional<Shape>& bias_shape, const Tensor& g,
                                      const std::vector<int>& axes, double eps) {
   DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
   Tensor dx = run_reduction(OPFORGE_OP("layer_norm_backward"), x, axes, true, {eps},
                             {w.defined() ? w : Tensor::ones(normalized, d)}, {g});
-  Tensor dw;
-  if (w.defined()) {
-    Tensor xhat = mul(sub(x, mean(x, axes, true)), rsqrt(add(var(x, axes, true), eps)));
-    dw = sum_to(mul(g, xhat), w.shape());
+  Tensor dw, db;
+  if (w.defined() || bias_shape) {
+    // The normalised dims as one axis D of (rows, D): one kernel's sums over the rows.
+    int64_t D = 1;
+    for (int64_t s : normalized) D *= s;
+    Shape rows_d = {D == 0 ? 0 : x.numel() / D, D};
+    std::tie(dw, db) = run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.reshape(rows_d),
+                                       {g.reshape(rows_d)}, {}, {eps});
+    dw = w.defined() ? dw.reshape(normalized) : Tensor();
+    db = bias_shape ? db.reshape(*bias_shape) : Tensor();
   }
-  Tensor db = bias_shape ? sum_to(g, *bias_shape) : Tensor();
   return {dx, dw, db};
 }
 }  // namespace

@@ -1,6 +1,7 @@
-// The reduction family's call (reduction.cpp), for the ops elsewhere that run its kernels
+// The reduction family's calls (reduction.cpp), for the ops elsewhere that run its kernels
 // (batch_norm.cpp).
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "opforge/ops.hpp"
@@ -15,5 +16,13 @@ namespace opforge::detail {
 Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool keepdims,
                      const AttrValues& attrs, const std::vector<Tensor>& extra,
                      std::vector<Tensor> like = {});
+
+// Runs a per_channel op (batch_norm_stats, batch_norm_backward_reduce,
+// layer_norm_backward_reduce) on x (N, C, ...) as the view (the dims after C, C, N): its two
+// results per channel C. `like`: inputs of x's shape; `extra`: inputs of C elements.
+std::pair<Tensor, Tensor> run_per_channel(const OpInfo& op, const Tensor& x,
+                                          const std::vector<Tensor>& like,
+                                          const std::vector<Tensor>& extra,
+                                          const AttrValues& attrs);
 
 }  // namespace opforge::detail
