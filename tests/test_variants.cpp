@@ -380,12 +380,25 @@ Handler reduction_backward_handler(const std::string& op) {
     RedShape r = reduction_shape(v);
     bool extremum = op == "max" || op == "min";
     const double ddof = 1;
-    for (Data data : extremum ? std::vector<Data>{Data::Normal, Data::SmallInt}
-                              : std::vector<Data>{Data::Normal})
+    std::vector<Data> datas = {op == "prod" ? Data::NearOne : Data::Normal};
+    if (extremum) datas.push_back(Data::SmallInt);
+    for (Data data : datas)
       for (Layout l : {Layout::dense, Layout::views}) {
         SCOPED_TRACE(std::string(layout_name(l)) + (data == Data::SmallInt ? ", ties" : ""));
         Shape s = {r.outer, r.reduced, r.inner};
         Tensor x = random_as(l, s, dt, data, "variant/" + op + "_bwd x" + v.name, 0, 1);
+        // prod: rows with one zero and with two (the product of the others, PyTorch's rule).
+        if (op == "prod") {
+          std::vector<double> keep(size_t(x.numel()), 1.0);
+          for (int64_t i = 0; i < r.inner; i++) {
+            keep[size_t((0 * r.reduced + 1) * r.inner + i)] = 0;
+            if (r.outer > 1) {
+              keep[size_t((1 * r.reduced + 0) * r.inner + i)] = 0;
+              keep[size_t((1 * r.reduced + r.reduced - 1) * r.inner + i)] = 0;
+            }
+          }
+          x = opforge::mul(x, Tensor::from_vector(keep, s).to(dt));
+        }
         Tensor gy = random({r.outer, r.inner}, dt, Data::Normal, "variant/" + op + "_bwd g");
         std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(), want(xv.size());
         for (int64_t o = 0; o < r.outer; o++)
@@ -401,17 +414,23 @@ Handler reduction_backward_handler(const std::string& op) {
               lse += std::exp(xv[at(k)] - m);
             }
             lse = m + std::log(lse);
-            for (int64_t k = 0; k < r.reduced; k++)
-              want[at(k)] = extremum      ? (xv[at(k)] == m ? gr / ties : 0)
-                            : op == "var" ? gr * 2 * (xv[at(k)] - mu) / (double(r.reduced) - ddof)
-                                          : gr * std::exp(xv[at(k)] - lse);
+            for (int64_t k = 0; k < r.reduced; k++) {
+              double others = 1;
+              for (int64_t j = 0; j < r.reduced; j++)
+                if (j != k) others *= xv[at(j)];
+              want[at(k)] = extremum       ? (xv[at(k)] == m ? gr / ties : 0)
+                            : op == "var"  ? gr * 2 * (xv[at(k)] - mu) / (double(r.reduced) - ddof)
+                            : op == "prod" ? gr * others
+                                           : gr * std::exp(xv[at(k)] - lse);
+            }
           }
         Tensor leaf = x.detach().requires_grad_();
         Tensor got = run_forced(g, v, [&] {
-          Tensor y = op == "max"   ? opforge::max(leaf, {1})
-                     : op == "min" ? opforge::min(leaf, {1})
-                     : op == "var" ? opforge::var(leaf, {1}, false, ddof)
-                                   : opforge::logsumexp(leaf, {1});
+          Tensor y = op == "max"    ? opforge::max(leaf, {1})
+                     : op == "min"  ? opforge::min(leaf, {1})
+                     : op == "var"  ? opforge::var(leaf, {1}, false, ddof)
+                     : op == "prod" ? opforge::prod(leaf, {1})
+                                    : opforge::logsumexp(leaf, {1});
           y.backward(gy);
           return leaf.grad();
         });
@@ -973,7 +992,7 @@ const std::map<std::string, Handler>& handlers() {
     for (const char* op :
          {"batch_norm_stats", "batch_norm", "batch_norm_backward_reduce", "batch_norm_backward"})
       t[op] = check_batch_norm;
-    for (const char* op : {"max", "min", "logsumexp", "var"})
+    for (const char* op : {"max", "min", "logsumexp", "var", "prod"})
       t[std::string(op) + "_backward"] = reduction_backward_handler(op);
     t["matmul"] = check_matmul;
     t["gemm"] = check_gemm;
@@ -1027,6 +1046,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "min_backward",
                          "logsumexp_backward",
                          "var_backward",
+                         "prod_backward",
                          "batch_norm_stats",
                          "batch_norm",
                          "batch_norm_backward_reduce",

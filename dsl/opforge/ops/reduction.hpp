@@ -147,6 +147,18 @@ inline const auto reduction_ops = hana::make_tuple(
     normalize_like(
         "min_backward", floats, 1,
         [](const RedArgs& a) { return detail::extremum_grad(a, Halide::minimum(a.x(a.r))); }),
+    // prod's: g times the product of the row's other elements, exact at zeros (PyTorch's rule):
+    // with z zeros in the row and p the product of its non-zero elements, g p / x where z = 0;
+    // g p at the one zero and 0 elsewhere where z = 1; 0 where z > 1.
+    normalize_like("prod_backward", floats, 1,
+                   [](const RedArgs& a) {
+                     Expr zero = Halide::cast(a.type, 0), xk = a.x(a.k);
+                     Expr p = Halide::product(
+                         select(a.x(a.r) == zero, Halide::cast(a.type, 1), a.x(a.r)));
+                     Expr z = Halide::sum(Halide::cast(Halide::Int(32), a.x(a.r) == zero));
+                     Expr g = a.like_at(0, a.k);
+                     return select(z == 0, g * p / xk, z == 1 && xk == zero, g * p, zero);
+                   }),
     // logsumexp's: g softmax(x).
     normalize_like("logsumexp_backward", floats, 1,
                    [](const RedArgs& a) { return a.like_at(0, a.k) * detail::softmax_at(a, a.k); }),

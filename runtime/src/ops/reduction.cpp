@@ -269,15 +269,8 @@ Tensor mean(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
          const std::vector<int>& ax) { return div(g, reduced_count(shape, ax)).expand(shape); });
 }
 Tensor prod(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
-  return reduce_recorded(
-      OPFORGE_OP("prod"), x, axes, keepdims, {}, kInput | kResult,
-      [](const Tensor& xv, const Tensor& y, const Tensor& g, const Shape&,
-         const std::vector<int>&) {
-        OPFORGE_CHECK(sum(eq(xv, 0.0)).item() == 0)
-            << "prod: the gradient where an input is zero is not available yet (it needs the "
-               "product of the others, not the product divided by the input)";
-        return div(mul(g, y), xv);
-      });
+  return reduce_recorded(OPFORGE_OP("prod"), x, axes, keepdims, {}, kInput,
+                         by_backward_op("prod_backward"));
 }
 Tensor max(const Tensor& x, const std::vector<int>& axes, bool keepdims) {
   return reduce_recorded(OPFORGE_OP("max"), x, axes, keepdims, {}, kInput,
