@@ -398,6 +398,7 @@ Handler reduction_backward_handler(const std::string& op) {
             }
           }
           x = opforge::mul(x, Tensor::from_vector(keep, s).to(dt));
+          if (l == Layout::views) x = x.transpose(0, 1).contiguous().transpose(0, 1);
         }
         Tensor gy = random({r.outer, r.inner}, dt, Data::Normal, "variant/" + op + "_bwd g");
         std::vector<double> xv = x.to_double_vector(), gv = gy.to_double_vector(), want(xv.size());

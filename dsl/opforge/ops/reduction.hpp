@@ -157,7 +157,9 @@ inline const auto reduction_ops = hana::make_tuple(
                          select(a.x(a.r) == zero, Halide::cast(a.type, 1), a.x(a.r)));
                      Expr z = Halide::sum(Halide::cast(Halide::Int(32), a.x(a.r) == zero));
                      Expr g = a.like_at(0, a.k);
-                     return select(z == 0, g * p / xk, z == 1 && xk == zero, g * p, zero);
+                     // g p zero, not zero: an inf or NaN among the others gives NaN, as the
+                     // product of the others would.
+                     return select(z == 0, g * p / xk, z == 1 && xk == zero, g * p, g * p * zero);
                    }),
     // logsumexp's: g softmax(x).
     normalize_like("logsumexp_backward", floats, 1,

@@ -361,8 +361,10 @@ std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Sha
     int64_t D = 1;
     for (int64_t s : normalized) D *= s;
     Shape rows_d = {D == 0 ? 0 : x.numel() / D, D};
-    std::tie(dw, db) = run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.reshape(rows_d),
-                                       {g.reshape(rows_d)}, {}, {eps});
+    // An integer x was normalised in float32 (d), as the forward did.
+    std::tie(dw, db) =
+        run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.to(d).reshape(rows_d),
+                        {g.to(d).reshape(rows_d)}, {}, {eps});
     dw = w.defined() ? dw.reshape(normalized) : Tensor();
     db = bias_shape ? db.reshape(*bias_shape) : Tensor();
   }
