@@ -1,5 +1,7 @@
 // The hand schedules (CPU and GPU) of window ops: convolutions, pools and their gradients.
 #pragma once
+#include <optional>
+
 #include "schedules/common.hpp"
 
 namespace opforge::schedules {
@@ -160,33 +162,52 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (kind == dsl::WindowKind::conv_grad_input && !small) return manual_conv_grad_input(p, t);
   bool conv = kind == dsl::WindowKind::conv || kind == dsl::WindowKind::conv_grad_input;
   if (small || !conv) {
-    // A parallel task is a group of image planes: one small plane (a 24 x 24 pool's) is less work
-    // than handing a task to a thread costs.
-    Var plane("plane");
+    // Image planes in groups of channels of one image, about 2^12 outputs a group (one plane of
+    // a 24 x 24 pool's, 64 of an 8 x 8 one's): what the output reads (the image with its zero
+    // border, max_pool2d_backward's argmax per window) is computed per group, so it stays in the
+    // first-level cache and a small plane does not pay a loop nest's set-up alone. A parallel
+    // task is several groups: one small plane is less work than handing a task to a thread costs.
     Halide::OutputImageParam ob = p.out.output_buffers()[0];
-    p.out.fuse(c, n, task)
-        .split(task, task, plane, iterations_per_task(ob.dim(0).extent() * ob.dim(1).extent()),
-               TailStrategy::GuardWithIf)
-        .parallel(task)
-        .vectorize(w, v, TailStrategy::GuardWithIf);
-    // Per-window results (max_pool2d_backward's argmax) once per image plane, not per use.
+    Expr plane = ob.dim(0).extent() * ob.dim(1).extent();
+    Expr per_group = Halide::max(1, 4096 / Halide::max(plane, 1));
+    Var group("group");
+    p.out.split(c, co, ci, per_group, TailStrategy::GuardWithIf)
+        .reorder(w, h, ci, co, n)
+        .fuse(co, n, task)
+        .split(task, task, group, iterations_per_task(plane * per_group), TailStrategy::GuardWithIf)
+        .parallel(task);
+    // Intermediate results are rounded up to whole vectors (a pool's 12 windows a row are two
+    // vectors of 8, not one and a predicated tail, which costs more than the vector); the output
+    // overlaps its last vector with the one before instead (a whole vector where the row is that
+    // wide, else half of one), or guards it where the row is narrower still.
     for (Func& f : p.reductions) {
       std::vector<Var> fv = f.args();
-      f.compute_at(p.out, plane).vectorize(fv[0], v, TailStrategy::GuardWithIf);
-      f.update(0).vectorize(fv[0], v, TailStrategy::GuardWithIf);
+      f.compute_at(p.out, group).vectorize(fv[0], v, TailStrategy::RoundUp);
+      f.update(0).vectorize(fv[0], v, TailStrategy::RoundUp);
     }
-    if (conv) return {};
-    // The image with its zero border, one plane at a time: the taps then load vectors rather
-    // than clamp each lane.
-    std::vector<Var> pv = p.padded.args();
-    p.padded.compute_at(p.out, plane).vectorize(pv[0], v, TailStrategy::GuardWithIf);
-    // The pools' geometry is a run-time attribute: the common 2x2 pool of stride 2 gets a branch
+    // The pools' geometry is a run-time attribute: the common 2x2 pool of stride 2 gets branches
     // of its own, where the windows' positions are shifts rather than divisions and the loops
     // over taps and windows have constant extents.
-    Expr two = p.int_attr("kernel_w") == 2 && p.int_attr("kernel_h") == 2 &&
-               p.int_attr("stride_w") == 2 && p.int_attr("stride_h") == 2 &&
-               p.int_attr("pad_w") == 0 && p.int_attr("pad_h") == 0;
-    p.out.specialize(two);
+    Expr two = conv ? Expr()
+                    : p.int_attr("kernel_w") == 2 && p.int_attr("kernel_h") == 2 &&
+                          p.int_attr("stride_w") == 2 && p.int_attr("stride_h") == 2 &&
+                          p.int_attr("pad_w") == 0 && p.int_attr("pad_h") == 0;
+    Expr ow = ob.dim(0).extent();
+    auto widths = [&](std::optional<Expr> geometry) {
+      auto when = [&](const Expr& wide) { return geometry ? *geometry && wide : wide; };
+      p.out.specialize(when(ow >= v)).vectorize(w, v, TailStrategy::ShiftInwards);
+      if (v >= 4)
+        p.out.specialize(when(ow >= v / 2)).vectorize(w, v / 2, TailStrategy::ShiftInwards);
+      if (geometry) p.out.specialize(*geometry).vectorize(w, v, TailStrategy::GuardWithIf);
+    };
+    if (!conv) widths(two);
+    widths(std::nullopt);
+    p.out.vectorize(w, v, TailStrategy::GuardWithIf);
+    if (conv) return {};
+    // The image with its zero border, once per group: the taps then load vectors rather than
+    // clamp each lane.
+    std::vector<Var> pv = p.padded.args();
+    p.padded.compute_at(p.out, group).vectorize(pv[0], v, TailStrategy::RoundUp);
     auto unrolled_taps = [&](Func& f) {
       auto r = f.rvars(0);
       Stage s = f.update(0).specialize(two);

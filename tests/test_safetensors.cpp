@@ -15,10 +15,19 @@ namespace {
 using namespace ref;
 namespace fs = std::filesystem;
 
+// This process's scratch folder, removed when the process ends.
+struct ScratchDir {
+  fs::path path = fs::temp_directory_path() / ("opforge_safetensors_" + std::to_string(getpid()));
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
 std::string temp_path(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("opforge_safetensors_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static ScratchDir dir;
+  fs::create_directories(dir.path);
+  return (dir.path / name).string();
 }
 
 std::string read_bytes(const std::string& path) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "opforge/autograd.hpp"
 #include "opforge/safetensors.hpp"
@@ -76,6 +77,7 @@ TEST(TorchNn, NamesStateDictAndLoading) {
       std::make_shared<nn::Linear>(4, 3), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(3, 2)});
   third->load_state_dict(load_safetensors(path).tensors);
+  std::filesystem::remove(path);
   for (auto& [n, t] : third->state_dict())
     EXPECT_EQ(t.to_double_vector(), a.at(n).to_double_vector()) << n;
 }
@@ -290,6 +292,7 @@ TEST(TorchOptim, StateRoundTripsThroughSafetensorsAndResumesExactly) {
     Tensor b = a.detach().clone().requires_grad_();
     auto opt_b = make(b);
     opt_b->load_state_dict(load_safetensors(path).tensors);
+    std::filesystem::remove(path);
     EXPECT_EQ(opt_b->state_dict().at("step").item(), 2);
     grad_step(*opt_a, a);
     grad_step(*opt_b, b);

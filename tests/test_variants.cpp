@@ -734,17 +734,29 @@ Handler pool_handler(bool is_max) {
     const int64_t* m = mins_of(v);
     int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3),
             N = at_least(m[3], 1);
-    // 3x3, stride 1, padding 1: the output is as large as the input
-    PoolParams p = square_pool(3, 1, 1, false);
-    opforge::Pool2dOptions o = options_of(p);
-    for (Layout l : {Layout::dense, Layout::views}) {
-      SCOPED_TRACE(layout_name(l));
-      Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/pool" + v.name, 2, 3);
-      Expected want = pool2d(dense(x), p, is_max);
-      Tensor got = run_forced(
-          g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
-      expect_close(got, want, dt, accum_tol(dt, 9));
-    }
+    // 3x3, stride 1, padding 1 (the output as large as the input), and the 2x2 pool of stride 2
+    // that the hand schedule gives branches of its own, at output rows of 18, 6 and 2 (a whole
+    // vector and more, half of one, less: each a branch of the schedule).
+    struct Case {
+      PoolParams p;
+      int64_t w;
+    };
+    // (At least twice a variant's minimum extents: its output is half the input.)
+    std::vector<Case> cases = {{square_pool(3, 1, 1, false), W}};
+    for (int64_t w : {37, 13, 5})
+      cases.push_back({square_pool(2, 2, 0, false), std::max(w, 2 * m[0])});
+    for (const Case& c : cases)
+      for (Layout l : {Layout::dense, Layout::views}) {
+        SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(c.p.kernel_w) +
+                     ", width " + std::to_string(c.w));
+        opforge::Pool2dOptions o = options_of(c.p);
+        int64_t h = c.p.stride_h == 2 ? std::max(H, 2 * m[1]) : H;
+        Tensor x = random_as(l, {N, C, h, c.w}, dt, Data::Normal, "variant/pool" + v.name, 2, 3);
+        Expected want = pool2d(dense(x), c.p, is_max);
+        Tensor got = run_forced(
+            g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
+        expect_close(got, want, dt, accum_tol(dt, 9));
+      }
   };
 }
 
@@ -836,13 +848,20 @@ Handler pool_backward_handler(bool is_max) {
     const int64_t* m = mins_of(v);
     int64_t W = at_least(m[0], 9), H = at_least(m[1], 6), C = at_least(m[2], 3),
             N = at_least(m[3], 2);
-    for (int64_t k : {3, 2})
+    // The 2x2 pool also at rows of 37 and 5 (see pool_handler).
+    struct Case {
+      int64_t k, w;
+    };
+    for (Case c : {Case{3, W}, Case{2, W}, Case{2, std::max<int64_t>(37, W)},
+                   Case{2, std::max<int64_t>(5, m[0])}})
       for (Layout l : {Layout::dense, Layout::views}) {
-        SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(k));
+        int64_t k = c.k;
+        SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(k) + ", width " +
+                     std::to_string(c.w));
         PoolParams p = square_pool(k, 2, k == 3 ? 1 : 0, false);
         opforge::Pool2dOptions o = options_of(p);
-        Tensor x = random_as(l, {N, C, H, W}, dt, Data::Normal, "variant/poolb" + v.name, 2, 3);
-        Shape gs = {N, C, (H + 2 * p.pad_h - k) / 2 + 1, (W + 2 * p.pad_w - k) / 2 + 1};
+        Tensor x = random_as(l, {N, C, H, c.w}, dt, Data::Normal, "variant/poolb" + v.name, 2, 3);
+        Shape gs = {N, C, (H + 2 * p.pad_h - k) / 2 + 1, (c.w + 2 * p.pad_w - k) / 2 + 1};
         Tensor grad = random_every_other(l, gs, dt, Data::Normal, "variant/poolb g" + v.name);
         Expected want = pool2d_backward(dense(x), dense(grad), p, is_max);
         Tensor got = run_forced(g, v, [&] {

@@ -45,12 +45,14 @@ AccOut pool_gradient(const WindowArgs& a, Contribution contribution) {
 // A NaN. Window kernels are compiled with fast math (fused multiply-adds for the convolutions),
 // under which the CPU code generator folds is_nan away; it is told by its bits there. The bit test
 // in turn misses float64 NaNs in PoCL's OpenCL, where is_nan holds: either one says NaN.
+// The bits are compared as signed integers (the sign masked off, so both sides are non-negative):
+// x86 has no unsigned vector comparison.
 inline Expr any_nan(const Expr& v) {
   Expr bits = v.type() == Halide::Float(32)
-                  ? (Halide::reinterpret(Halide::UInt(32), v) & Expr(uint32_t(0x7fffffff))) >
-                        Expr(uint32_t(0x7f800000))
-                  : (Halide::reinterpret(Halide::UInt(64), v) &
-                     Expr(uint64_t(0x7fffffffffffffffull))) > Expr(uint64_t(0x7ff0000000000000ull));
+                  ? (Halide::reinterpret(Halide::Int(32), v) & Expr(int32_t(0x7fffffff))) >
+                        Expr(int32_t(0x7f800000))
+                  : (Halide::reinterpret(Halide::Int(64), v) &
+                     Expr(int64_t(0x7fffffffffffffffll))) > Expr(int64_t(0x7ff0000000000000ll));
   return Halide::is_nan(v) || bits;
 }
 // max_pool2d's rule, PyTorch's: a tap replaces the window's maximum so far when it is greater or
@@ -59,6 +61,13 @@ inline Expr any_nan(const Expr& v) {
 // comparison gives wrong results).
 inline Expr takes_max(const Expr& v, const Expr& cur) {
   return any_nan(v) || (!any_nan(cur) && v > cur);
+}
+// Whether tap (x, y) of a pool's window lies inside the image. Pools size their output by floor
+// division, so without padding along an axis every window lies inside along it: written so that
+// a schedule specialised on no padding tests nothing.
+inline Expr pool_tap_inside(const WindowArgs& a, const Expr& x, const Expr& y) {
+  return (a.attr["pad_w"] == 0 || (x >= 0 && x < a.in_w)) &&
+         (a.attr["pad_h"] == 0 || (y >= 0 && y < a.in_h));
 }
 // Without padding, the first tap itself: written so that a schedule specialised on no padding sees
 // a plain stride (a vector of windows then loads densely rather than lane by lane).
@@ -105,8 +114,8 @@ inline const auto window_ops = hana::make_tuple(
              acc(a.w, a.h, a.c, a.n) =
                  a.in(detail::first_x(a, a.w), detail::first_y(a, a.h), a.c, a.n);
              Expr cur = acc(a.w, a.h, a.c, a.n);
-             acc(a.w, a.h, a.c, a.n) =
-                 Halide::select(a.inside(x, y) && detail::takes_max(v, cur), v, cur);
+             acc(a.w, a.h, a.c, a.n) = Halide::select(
+                 detail::pool_tap_inside(a, x, y) && detail::takes_max(v, cur), v, cur);
              out(a.w, a.h, a.c, a.n) = acc(a.w, a.h, a.c, a.n);
              return AccOut{acc, out};
            }),
@@ -177,21 +186,25 @@ inline const auto window_ops = hana::make_tuple(
     window("max_pool2d_backward", WindowKind::pool_grad, floats,
            "kernel_h:i,kernel_w:i,stride_h:i,stride_w:i,pad_h:i,pad_w:i",
            [](const WindowArgs& a) {
+             // The maximum's tap number in its window (row-major): constant per tap where a
+             // schedule unrolls the taps.
              Halide::Var wo("wo"), ho("ho");
              Halide::RDom k(0, a.kernel_w, 0, a.kernel_h);
              Expr x = detail::tap_x(a, wo, k.x), y = detail::tap_y(a, ho, k.y);
              Expr x0 = detail::first_x(a, wo), y0 = detail::first_y(a, ho);
+             auto tap = [&](const Expr& gw, const Expr& gh, const Expr& x, const Expr& y) {
+               return (y - detail::tap_y(a, gh, 0)) * a.kernel_w + (x - detail::tap_x(a, gw, 0));
+             };
              Func argmax("argmax");
-             argmax(wo, ho, a.c, a.n) = {a.in(x0, y0, a.c, a.n), y0 * a.in_w + x0};
+             argmax(wo, ho, a.c, a.n) = {a.in(x0, y0, a.c, a.n), tap(wo, ho, x0, y0)};
              Expr v = a.in(x, y, a.c, a.n), cur = argmax(wo, ho, a.c, a.n)[0];
-             Expr take = a.inside(x, y) && detail::takes_max(v, cur);
+             Expr take = detail::pool_tap_inside(a, x, y) && detail::takes_max(v, cur);
              argmax(wo, ho, a.c, a.n) = {
                  Halide::select(take, v, cur),
-                 Halide::select(take, y * a.in_w + x, argmax(wo, ho, a.c, a.n)[1])};
-             Expr here = a.h * a.in_w + a.w;
+                 Halide::select(take, k.y * a.kernel_w + k.x, argmax(wo, ho, a.c, a.n)[1])};
              return detail::pool_gradient(a, [&](const Expr& gw, const Expr& gh) {
-               return Halide::select(argmax(gw, gh, a.c, a.n)[1] == here, a.grad(gw, gh, a.c, a.n),
-                                     Halide::cast(a.type, 0));
+               return Halide::select(argmax(gw, gh, a.c, a.n)[1] == tap(gw, gh, a.w, a.h),
+                                     a.grad(gw, gh, a.c, a.n), Halide::cast(a.type, 0));
              });
            }),
     // avg_pool2d's: each window's gradient, divided by its divisor, to every input it covers.
