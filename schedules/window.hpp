@@ -221,11 +221,15 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   // inside it. Whole tiles only. A whole vector where the output is that wide, else half of one:
   // the second layer of a small CNN is 8 wide, under AVX-512's 16 float lanes. Where the output
   // is 3 vectors wide (a first layer's 24 on AVX2), 3 vectors x 4 channels: each weight broadcast
-  // then serves 3 multiply-adds rather than 1. A parallel task is a group of such tiles' rows, at
-  // least 2^15 outputs: a tile of a one-channel layer is less work than handing it to a thread.
-  const int tc = 8, half = std::max(v / 2, 1), wv = 3, wtc = 4;
+  // then serves 3 multiply-adds rather than 1. Where it is one or two vectors wide and at least 4
+  // rows high (a second layer's 8 x 8), a vector x 4 rows x 3 channels: 7 loads (4 rows of input,
+  // 3 weight broadcasts) for 12 multiply-adds, where a vector x 8 channels needs 9 for 8 (a third
+  // faster on the CNN's second layer; 2 rows x 6 channels spill AVX2's 16 registers). A parallel
+  // task is a group of such tiles' rows, at least 2^15 outputs: a tile of a one-channel layer is
+  // less work than handing it to a thread.
+  const int tc = 8, half = std::max(v / 2, 1), wv = 3, wtc = 4, rtc = 3, rr = 4;
   Halide::OutputImageParam ob = p.out.output_buffers()[0];
-  Var rows("rows"), wa("wa"), wb("wb");
+  Var rows("rows"), wa("wa"), wb("wb"), ho("ho"), hi("hi");
   auto tile = [&](Stage s, int lanes, int channels) {
     s.split(w, wo, wi, lanes)
         .split(c, co, ci, channels)
@@ -242,7 +246,23 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   };
   Expr wide = ob.dim(0).extent() >= v;        // a whole vector of outputs along w
   Expr wider = ob.dim(0).extent() >= wv * v;  // the variant's minimum is 8 channels
+  Expr rows_tile = wide && ob.dim(1).extent() >= rr;
   tile(p.out.specialize(wider), wv * v, wtc);
+  if (half < v) {
+    p.out.specialize(rows_tile)
+        .split(w, wo, wi, v)
+        .split(c, co, ci, rtc)
+        .split(h, ho, hi, rr)
+        .reorder(wi, ci, hi, wo, ho, co, n)
+        .fuse(ho, co, task)
+        .fuse(task, n, task)
+        .split(task, task, rows, iterations_per_task(ob.dim(0).extent() * rtc * rr),
+               TailStrategy::GuardWithIf)
+        .parallel(task)
+        .vectorize(wi)
+        .unroll(ci)
+        .unroll(hi);
+  }
   if (half < v) tile(p.out.specialize(wide), v, tc);
   tile(p.out, half, tc);
   auto r = p.acc.rvars(0);  // kernel x, kernel y, input channel
@@ -263,6 +283,12 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   p.acc.specialize(wider).split(w, wa, wb, v).vectorize(wb).unroll(wa).unroll(c);
   for (Stage s : {p.acc.update(0).specialize(wider && unit), p.acc.update(0).specialize(wider)})
     register_tile(s, w, c, v, r, {h, n});
+  if (half < v) {
+    p.acc.specialize(rows_tile).vectorize(w, v).unroll(c).unroll(h);
+    for (Stage u :
+         {p.acc.update(0).specialize(rows_tile && unit), p.acc.update(0).specialize(rows_tile)})
+      u.reorder(w, c, h, r[0], r[1], r[2], n).vectorize(w, v).unroll(c).unroll(h);
+  }
   if (half < v) {
     p.acc.specialize(wide).vectorize(w, v).unroll(c);
     acc_update(p.acc.update(0).specialize(wide && unit), v);

@@ -702,8 +702,8 @@ void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   const int64_t* m = mins_of(v);
   int64_t H = at_least(m[1], 5), N = at_least(m[3], 1), CI = 3;
   // Output widths under a vector, past one and past three (the hand schedule's tiles, each with a
-  // tail), and channels past a whole tile; 3x3 kernels with padding 1, at stride 1 (the output as
-  // large as the input) and at stride 2 with dilation 2.
+  // tail), channels past a whole tile, and 5 rows (past its 4-row tile); 3x3 kernels with padding
+  // 1, at stride 1 (the output as large as the input) and at stride 2 with dilation 2.
   ConvParams plain, strided;
   plain.pad_h = plain.pad_w = 1;
   strided = plain;
