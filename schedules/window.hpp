@@ -170,11 +170,12 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (kind == dsl::WindowKind::conv_grad_input && !small) return manual_conv_grad_input(p, t);
   bool conv = kind == dsl::WindowKind::conv || kind == dsl::WindowKind::conv_grad_input;
   if (small || !conv) {
-    // Image planes in groups of channels of one image, about 2^12 outputs a group (one plane of
-    // a 24 x 24 pool's, 64 of an 8 x 8 one's): what the output reads (the image with its zero
-    // border, max_pool2d_backward's argmax per window) is computed per group, so it stays in the
-    // first-level cache and a small plane does not pay a loop nest's set-up alone. A parallel
-    // task is several groups: one small plane is less work than handing a task to a thread costs.
+    // Image planes in groups of channels of one image, about 2^12 outputs a group (7 planes of a
+    // 24 x 24 gradient, 28 of a 12 x 12 pool, 64 of an 8 x 8 one): what the output reads (the
+    // image with its zero border, max_pool2d_backward's argmax per window) is computed per group,
+    // so it stays in the first-level cache and a small plane does not pay a loop nest's set-up
+    // alone. A parallel task is several groups: one small plane is less work than handing a task
+    // to a thread costs.
     Halide::OutputImageParam ob = p.out.output_buffers()[0];
     Expr plane = ob.dim(0).extent() * ob.dim(1).extent();
     Expr per_group = Halide::max(1, 4096 / Halide::max(plane, 1));
@@ -226,7 +227,8 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
     return {};
   }
   // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs
-  // inside it. Whole tiles only. A whole vector where the output is that wide, else half of one:
+  // inside it. Whole tiles only (the last one overlaps the one before where the channels are not
+  // a whole number of tiles). A whole vector where the output is that wide, else half of one:
   // the second layer of a small CNN is 8 wide, under AVX-512's 16 float lanes. Where the output
   // is 3 vectors wide (a first layer's 24 on AVX2), 3 vectors x 4 channels: each weight broadcast
   // then serves 3 multiply-adds rather than 1. Where it is one or two vectors wide and at least 4

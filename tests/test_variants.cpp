@@ -700,10 +700,11 @@ void check_linear(const KernelGroup& g, const VariantInfo& v) {
 void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
-  int64_t H = at_least(m[1], 5), N = at_least(m[3], 1), CI = 3;
+  int64_t N = at_least(m[3], 1), CI = 3;
   // Output widths under a vector, past one and past three (the hand schedule's tiles, each with a
-  // tail), channels past a whole tile, and 5 rows (past its 4-row tile); 3x3 kernels with padding
-  // 1, at stride 1 (the output as large as the input) and at stride 2 with dilation 2.
+  // tail), channels past a whole tile, 5 output rows (past its 4-row tile) and 3 (under it); 3x3
+  // kernels with padding 1, at stride 1 (the output as large as the input) and at stride 2 with
+  // dilation 2.
   ConvParams plain, strided;
   plain.pad_h = plain.pad_w = 1;
   strided = plain;
@@ -711,21 +712,24 @@ void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
   strided.dil_w = 2;
   // The hand schedule's minimum width is half a vector.
   int64_t half = std::max<int64_t>(m[0], 1), lanes = 2 * half;
-  for (int64_t W : {half + half / 2, lanes + 3, 3 * lanes + 5})
-    for (const ConvParams& p : {plain, strided})
-      for (Layout l : {Layout::dense, Layout::views}) {
-        SCOPED_TRACE(std::string(layout_name(l)) + ", width " + std::to_string(W) + ", stride " +
-                     std::to_string(p.stride_w));
-        int64_t CO = at_least(m[2], 4) + 6, XW = (W - 1) * p.stride_w + 1 + 2 * p.dil_w - 2,
-                XH = (H - 1) * p.stride_h + 1;
-        Tensor x =
-            random_every_other(l, {N, CI, XH, XW}, dt, Data::Normal, "variant/conv x" + v.name);
-        Tensor w = random_as(l, {CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name, 0, 1);
-        Tensor b = random_every_other(l, {CO}, dt, Data::Normal, "variant/conv b" + v.name);
-        Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
-        Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, options_of(p)); });
-        expect_close(got, want, dt, accum_tol(dt, CI * 9));
-      }
+  std::set<int64_t> heights = {at_least(m[1], 5), at_least(m[1], 3)};
+  for (int64_t H : heights)
+    for (int64_t W : {half + half / 2, lanes + 3, 3 * lanes + 5})
+      for (const ConvParams& p : {plain, strided})
+        for (Layout l : {Layout::dense, Layout::views}) {
+          SCOPED_TRACE(std::string(layout_name(l)) + ", width " + std::to_string(W) + ", height " +
+                       std::to_string(H) + ", stride " + std::to_string(p.stride_w));
+          int64_t CO = at_least(m[2], 4) + 6, XW = (W - 1) * p.stride_w + 1 + 2 * p.dil_w - 2,
+                  XH = (H - 1) * p.stride_h + 1;
+          Tensor x =
+              random_every_other(l, {N, CI, XH, XW}, dt, Data::Normal, "variant/conv x" + v.name);
+          Tensor w =
+              random_as(l, {CO, CI, 3, 3}, dt, Data::Normal, "variant/conv w" + v.name, 0, 1);
+          Tensor b = random_every_other(l, {CO}, dt, Data::Normal, "variant/conv b" + v.name);
+          Expected want = conv2d(dense(x), dense(w), b.to_double_vector(), p);
+          Tensor got = run_forced(g, v, [&] { return opforge::conv2d(x, w, b, options_of(p)); });
+          expect_close(got, want, dt, accum_tol(dt, CI * 9));
+        }
 }
 
 Handler pool_handler(bool is_max) {
@@ -735,18 +739,22 @@ Handler pool_handler(bool is_max) {
     int64_t W = at_least(m[0], 6), H = at_least(m[1], 5), C = at_least(m[2], 3),
             N = at_least(m[3], 1);
     // 3x3, stride 1, padding 1 (the output as large as the input), and the 2x2 pool of stride 2
-    // that the hand schedule gives branches of its own, at output rows of 18, 6 and 2 (a whole
-    // vector and more, half of one, less: each a branch of the schedule).
+    // that the hand schedule gives branches of its own, each at output rows of several widths:
+    // the schedule's branches are a whole vector or more, half of one, less (18, 12, 6, 3 and 1
+    // reach all three at 4, 8 and 16 lanes).
     struct Case {
       PoolParams p;
       int64_t w;
     };
     // (At least twice a variant's minimum extents: its output is half the input.)
-    std::vector<Case> cases = {{square_pool(3, 1, 1, false), W}};
-    for (int64_t w : {37, 13, 5})
+    std::vector<Case> cases;
+    for (int64_t w : {int64_t(1), int64_t(3), W, int64_t(11), int64_t(19)})
+      cases.push_back({square_pool(3, 1, 1, false), std::max(w, m[0])});
+    for (int64_t w : {37, 25, 13, 7, 3})
       cases.push_back({square_pool(2, 2, 0, false), std::max(w, 2 * m[0])});
     for (const Case& c : cases)
       for (Layout l : {Layout::dense, Layout::views}) {
+        if (l == Layout::views && c.w == 1) continue;  // a strided view one element wide is dense
         SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(c.p.kernel_w) +
                      ", width " + std::to_string(c.w));
         opforge::Pool2dOptions o = options_of(c.p);
@@ -848,12 +856,14 @@ Handler pool_backward_handler(bool is_max) {
     const int64_t* m = mins_of(v);
     int64_t W = at_least(m[0], 9), H = at_least(m[1], 6), C = at_least(m[2], 3),
             N = at_least(m[3], 2);
-    // The 2x2 pool also at rows of 37 and 5 (see pool_handler).
+    // The 2x2 pool also at rows of 37, 12, 6, 3 and 2 (the output is as wide as the input; see
+    // pool_handler).
     struct Case {
       int64_t k, w;
     };
-    for (Case c : {Case{3, W}, Case{2, W}, Case{2, std::max<int64_t>(37, W)},
-                   Case{2, std::max<int64_t>(5, m[0])}})
+    std::vector<Case> cases = {{3, W}};
+    for (int64_t w : {37, 12, 6, 3, 2}) cases.push_back({2, std::max(w, m[0])});
+    for (Case c : cases)
       for (Layout l : {Layout::dense, Layout::views}) {
         int64_t k = c.k;
         SCOPED_TRACE(std::string(layout_name(l)) + ", kernel " + std::to_string(k) + ", width " +

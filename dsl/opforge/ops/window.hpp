@@ -46,7 +46,7 @@ AccOut pool_gradient(const WindowArgs& a, Contribution contribution) {
 // under which the CPU code generator folds is_nan away; it is told by its bits there. The bit test
 // in turn misses float64 NaNs in PoCL's OpenCL, where is_nan holds: either one says NaN.
 // The bits are compared as signed integers (the sign masked off, so both sides are non-negative):
-// x86 has no unsigned vector comparison.
+// x86 has no unsigned vector comparison (and no 64-bit one before SSE4.2).
 inline Expr any_nan(const Expr& v) {
   Expr bits = v.type() == Halide::Float(32)
                   ? (Halide::reinterpret(Halide::Int(32), v) & Expr(int32_t(0x7fffffff))) >
