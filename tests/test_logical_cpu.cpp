@@ -116,8 +116,11 @@ TEST(LogicalCpu, AutomaticPlacementUsesBothDevices) {
   stream(60);  // calibration on both devices
   int64_t a0 = calls_on("matmul", 0), a1 = calls_on("matmul", 1);
   std::vector<Tensor> out = stream(200);
-  EXPECT_GT(calls_on("matmul", 0) - a0, 40);
-  EXPECT_GT(calls_on("matmul", 1) - a1, 40);
+  // Each device gets a share that follows its measured speed, which a shared machine (or a
+  // sanitizer's build) skews: at least 10% each (33 of 200 went to one under ASan on a busy
+  // machine); a placement that ignores one device gives it none.
+  EXPECT_GT(calls_on("matmul", 0) - a0, 20);
+  EXPECT_GT(calls_on("matmul", 1) - a1, 20);
   Tensor want;
   {
     DefaultDevice scope("cpu:0");
