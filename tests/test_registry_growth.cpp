@@ -73,4 +73,70 @@ TEST(RegistryGrowth, KernelsRegisteredWhileTwoThreadsDispatch) {
   EXPECT_EQ(&opforge::op_info("relu").group("float32"), &relu);
 }
 
+// A group takes any number of variants (variant sets grow past one 64-bit word): 100 copies of
+// relu's CPU kernel registered at run time as variants of one op. Each of several forced by name
+// runs (dispatch_stats counts it) and gives relu; unforced, every variant is timed in the
+// calibration, the ones past 64 too, and the results stay right.
+TEST(RegistryGrowth, AGroupTakesMoreThan64Variants) {
+  const opforge::KernelGroup& relu = opforge::op_info("relu").group("float32");
+  const opforge::VariantInfo* cpu = nullptr;
+  for (const auto& v : relu.variants)
+    if (v.kind == opforge::DeviceKind::cpu && v.name == "manual") cpu = &v;
+  ASSERT_NE(cpu, nullptr);
+  constexpr int kVariants = 100;
+  const char* op = "test_many_variants_relu";
+  static std::vector<std::string> names;
+  static std::vector<opforge::KernelVariant> many;
+  if (many.empty()) {
+    for (int i = 0; i < kVariants; i++) names.push_back("v" + std::to_string(i));
+    for (int i = 0; i < kVariants; i++) {
+      opforge::KernelVariant k = *cpu->kernel;
+      k.op = op;
+      k.variant = names[size_t(i)].c_str();
+      k.dense_argv = nullptr;  // every call takes the strided kernel, whichever variant it is
+      many.push_back(k);
+    }
+    opforge::register_kernels(many.data(), many.size());
+  }
+  ASSERT_EQ(opforge::op_info(op).group("float32").variants.size(), size_t(kVariants));
+  Tensor x = random({5, 33}, DType::Float32, Data::Normal, "registry/many x");
+  std::vector<double> xv = x.to_double_vector();
+  auto check = [&](const Tensor& y) {
+    std::vector<double> yv = y.to_double_vector();
+    ASSERT_EQ(yv.size(), xv.size());
+    for (size_t k = 0; k < yv.size(); k++) EXPECT_EQ(yv[k], std::max(xv[k], 0.0)) << k;
+  };
+  auto calls_of = [&](const std::string& variant) {
+    int64_t n = 0;
+    for (const auto& s : opforge::dispatch_stats())
+      if (s.op == op && s.variant == variant) n += s.calls;
+    return n;
+  };
+  for (int i : {0, 63, 64, 65, 99}) {
+    SCOPED_TRACE(names[size_t(i)]);
+    int64_t before = calls_of(names[size_t(i)]);
+    opforge::force_variant(names[size_t(i)], op);
+    check(opforge::elementwise(op, {x}));
+    opforge::force_variant("");
+    EXPECT_EQ(calls_of(names[size_t(i)]), before + 1);
+  }
+  opforge::reset_performance_model();
+  // Calibration times every variant at least once (one far slower than the best, by the noise of
+  // a microsecond call, is given up after its first run).
+  std::vector<int64_t> before;
+  for (int i = 0; i < kVariants; i++) before.push_back(calls_of(names[size_t(i)]));
+  auto all_timed = [&] {
+    for (int i = 0; i < kVariants; i++)
+      if (calls_of(names[size_t(i)]) == before[size_t(i)]) return false;
+    return true;
+  };
+  // Each CPU device calibrates every variant (two logical devices in ops_on_two_logical_devices).
+  const int runs = opforge::DispatchPolicy{}.calibration_runs;
+  for (int c = 0; c < 4 * runs * kVariants && !(c % 50 == 0 && all_timed()); c++)
+    check(opforge::elementwise(op, {x}));
+  for (int i = 0; i < kVariants; i++)
+    EXPECT_GT(calls_of(names[size_t(i)]), before[size_t(i)])
+        << names[size_t(i)] << " was not calibrated";
+}
+
 }  // namespace

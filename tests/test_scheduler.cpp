@@ -46,6 +46,43 @@ TEST(Scheduler, CalibratesEveryDeviceAndVariantBeforeChoosing) {
   for (const auto& [pair, n] : runs) EXPECT_EQ(n, DispatchPolicy{}.calibration_runs);
 }
 
+// Variant sets have no size limit: variants past 64 (a second and third word) are calibrated and
+// chosen like the first ones, on a device numbered past the default count once the model is sized
+// for it.
+TEST(Scheduler, VariantsPast64AndManyDevices) {
+  Scheduler s;
+  s.set_device_count(300);
+  VariantSet set;
+  for (int v : {3, 70, 130}) set.insert(size_t(v));
+  EXPECT_TRUE(set.contains(130) && !set.contains(129) && set.first() == 3);
+  std::vector<Scheduler::Candidate> c = {{0, set}, {299, set}};
+  std::map<std::pair<int, int>, int> runs;
+  calibrate(
+      s,
+      [&](int device, int variant) {
+        runs[{device, variant}]++;
+        return device == 299 && variant == 130 ? 1e-3 : 5e-3;
+      },
+      c);
+  EXPECT_EQ(runs.size(), 6u);
+  for (const auto& [pair, n] : runs) EXPECT_EQ(n, DispatchPolicy{}.calibration_runs);
+  Decision d = s.decide(kKey, c, {}, 0);
+  EXPECT_EQ(d.device, 299);
+  EXPECT_EQ(d.variant, 130);
+  EXPECT_TRUE(d.variants == set);
+  // The set operations keep the words beyond the first.
+  VariantSet other;
+  other.insert(130);
+  other.insert(3);
+  VariantSet both = set & other;
+  std::vector<int> in;
+  both.for_each([&](int v) { in.push_back(v); });
+  EXPECT_EQ(in, (std::vector<int>{3, 130}));
+  both.erase(130);
+  EXPECT_TRUE(both == VariantSet(uint64_t(1) << 3));
+  EXPECT_THROW(s.decide(kKey, {{300, set}}, {}, 0), Error);
+}
+
 // A variant measured at more than give_up_ratio times the best is timed once, not three times,
 // and never explored: a slow schedule of a big convolution costs seconds a run.
 TEST(Scheduler, AVariantFarSlowerThanTheBestIsNotTimedAgain) {

@@ -10,6 +10,7 @@
 
 #include "opforge/device.hpp"
 #include "opforge/kernel_abi.hpp"
+#include "opforge/variant_set.hpp"
 
 namespace opforge {
 
@@ -31,11 +32,11 @@ struct KernelGroup {
   std::vector<VariantInfo> variants;
   std::vector<BufferSpec> buffers;  // the kernels' buffers in declared order (kernel_abi.hpp)
   uint32_t id = 0;                  // dense index, for the performance model's keys
-  // Bit i set: variant i runs on that device kind (indexed by DeviceKind).
-  uint64_t kind_mask[3] = {0, 0, 0};
-  // Bit i set: variant i accepts every call whose extents are all at least 1 (most have no
-  // minimum), so that such a call compares its extents only with the variants that do.
-  uint64_t any_extents = 0;
+  // The variants that run on each device kind (indexed by DeviceKind).
+  VariantSet kind_variants[3];
+  // The variants that accept every call whose extents are all at least 1 (most have no minimum),
+  // so that such a call compares its extents only with the variants that do.
+  VariantSet any_extents;
   // Some variant has a dense companion (kernel_abi.hpp): the placement model then keeps contiguous
   // calls apart from strided ones of the same extents, since they run other code.
   bool has_dense = false;

@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "opforge/variant_set.hpp"
+
 namespace opforge {
 
 struct DispatchPolicy {
@@ -45,24 +47,23 @@ struct Decision {
   // How long the call will hold its device: the copies, then the run.
   double occupies() const { return transfer + predicted; }
   uint64_t key = 0;
-  uint64_t variants = 0;  // the candidate's variant set on the chosen device (the entry's key)
+  VariantSet variants;  // the candidate's variant set on the chosen device (the entry's key)
   uint64_t generation = 0;
   std::vector<PlacementCost> costs;  // filled when asked to explain
 };
 
-// The most variants one kernel group may have (the variant sets are 64-bit masks).
-inline constexpr int kMaxVariants = 64;
-
 class Scheduler {
  public:
-  // A device that may run the call and the variants it may use: bit i set = variant i of the
-  // kernel group (at most 64, kMaxVariants).
+  // A device that may run the call and the variants of the kernel group it may use.
   struct Candidate {
     int device = 0;
-    uint64_t variants = 0;
+    VariantSet variants;
   };
 
-  explicit Scheduler(int max_devices = 256);
+  // Devices are numbered 0 to devices - 1.
+  explicit Scheduler(int devices = 8);
+  // Sizes the model for the devices the dispatcher discovered, before its first call.
+  void set_device_count(int devices);
 
   void set_policy(const DispatchPolicy& p);  // clears the model
   DispatchPolicy policy() const;
@@ -123,7 +124,7 @@ class Scheduler {
     bool running = false;
     double running_predicted = 0, running_start = 0;
   };
-  Entry& entry(uint64_t key, int device, uint64_t variants);
+  Entry& entry(uint64_t key, int device, const VariantSet& variants);
   void publish(Entry& e);  // updates what the lock-free path reads
   bool decide_fast(uint64_t key, const Candidate& c, const std::vector<double>& transfer,
                    Decision& d);
@@ -144,14 +145,14 @@ class Scheduler {
   // An entry is a bucket on a device with the set of variants the call may use there (a bucket
   // spans calls on both sides of a variant's minimum, so the set is part of the key).
   struct ModelKey {
-    uint64_t bucket, variants;
+    uint64_t bucket;
+    VariantSet variants;
     int device;
     bool operator==(const ModelKey&) const = default;
   };
   struct ModelKeyHash {
     size_t operator()(const ModelKey& k) const {
-      return std::hash<uint64_t>()(k.bucket ^ (k.variants * 0x9E3779B97F4A7C15ull) ^
-                                   (uint64_t(k.device) << 40));
+      return std::hash<uint64_t>()(k.bucket ^ k.variants.hash() ^ (uint64_t(k.device) << 40));
     }
   };
   using Model = std::unordered_map<ModelKey, Entry, ModelKeyHash>;
@@ -162,7 +163,8 @@ class Scheduler {
   std::vector<Model> retired_;
   const uint64_t id_;  // unique in the process (the fast slots' owner; scheduler.cpp)
   std::vector<DeviceState> devices_;
-  std::vector<std::atomic<double>> loads_;  // DeviceState::load, for the lock-free path
+  // DeviceState::load, for the lock-free path (sized once, before the first call).
+  std::vector<std::atomic<double>> loads_;
   std::atomic<uint64_t> generation_{0};
 };
 

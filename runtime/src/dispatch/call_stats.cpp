@@ -1,5 +1,6 @@
 // Per-call statistics: how often each (group, variant, device) ran and how long its timed runs
 // took, counted by each dispatching thread in a table of its own.
+#include <compare>
 #include <map>
 #include <unordered_map>
 
@@ -22,12 +23,25 @@ struct AtomicCallStats {
   std::atomic<int64_t> calls{0}, timed{0};
   std::atomic<double> seconds{0};
 };
+// (group id, variant, device): each a full 32-bit index, so no count of variants or devices
+// overflows into another field.
+struct StatsKey {
+  uint32_t group = ~0u, variant = ~0u, device = ~0u;
+  bool operator==(const StatsKey&) const = default;
+  auto operator<=>(const StatsKey&) const = default;
+};
+struct StatsKeyHash {
+  size_t operator()(const StatsKey& k) const {
+    return std::hash<uint64_t>()((uint64_t(k.group) << 32 | k.variant) * 0x9E3779B97F4A7C15ull ^
+                                 k.device);
+  }
+};
 struct ThreadStats {
-  std::mutex mu;                                        // held to insert and by readers
-  std::unordered_map<uint64_t, AtomicCallStats> calls;  // by stats_key
-  uint64_t last_key = ~uint64_t(0);
+  std::mutex mu;  // held to insert and by readers
+  std::unordered_map<StatsKey, AtomicCallStats, StatsKeyHash> calls;
+  StatsKey last_key;
   AtomicCallStats* last = nullptr;
-  AtomicCallStats& at(uint64_t key) {
+  AtomicCallStats& at(const StatsKey& key) {
     if (key == last_key) return *last;
     std::lock_guard<std::mutex> lock(mu);
     last_key = key;
@@ -54,8 +68,8 @@ ThreadStats& thread_stats() {
   return *mine;
 }
 
-uint64_t stats_key(const KernelGroup& g, int variant, int device) {
-  return (uint64_t(g.id) << 24) | (uint64_t(variant) << 8) | uint64_t(device);
+StatsKey stats_key(const KernelGroup& g, int variant, int device) {
+  return {g.id, uint32_t(variant), uint32_t(device)};
 }
 
 }  // namespace
@@ -87,7 +101,7 @@ void reset_call_stats() {
 
 std::vector<DispatchStat> dispatch_stats() {
   detail::State& s = detail::state();
-  std::map<uint64_t, detail::CallStats> sum;  // ordered: by group, variant, device
+  std::map<detail::StatsKey, detail::CallStats> sum;  // ordered: by group, variant, device
   {
     detail::AllThreadStats& all = detail::all_thread_stats();
     std::lock_guard<std::mutex> lock(all.mu);
@@ -104,8 +118,8 @@ std::vector<DispatchStat> dispatch_stats() {
   std::vector<DispatchStat> out;
   for (const auto& [key, c] : sum) {
     if (c.calls == 0) continue;
-    const KernelGroup* g = kernel_group(uint32_t(key >> 24));
-    size_t v = (key >> 8) & 0xFFFF, d = key & 0xFF;
+    const KernelGroup* g = kernel_group(key.group);
+    size_t v = key.variant, d = key.device;
     if (!g || v >= g->variants.size() || d >= s.devices.size()) continue;
     out.push_back({g->op->name, g->dtype_key, g->variants[v].name, s.devices[d]->device, c.calls,
                    c.timed ? c.seconds / double(c.timed) : 0});

@@ -15,8 +15,8 @@ namespace {
 
 int ceil_log2(int64_t x) { return x <= 1 ? 0 : 64 - __builtin_clzll(uint64_t(x - 1)); }
 
-// Dense (bit 54) | group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler adds
-// the device in the top 6 bits and keys its entries by the candidates' variant sets too: a bucket
+// Dense (bit 54) | group (24 bits) | log2 bucket of each extent (5 bits each). The scheduler keys
+// its entries by the device and by the candidates' variant sets too: a bucket
 // spans extents on both sides of a variant's minimum, so which variants accept the call is part of
 // the entry. Dense: a contiguous call of a group with dense companions, which run other code than
 // a strided call of the same extents.
@@ -39,35 +39,34 @@ std::string extents_str(const CallExtents& ext) {
   return os.str();
 }
 
-// The variants whose declared minimum the call meets, as a bit mask.
-uint64_t accept_mask(const KernelGroup& g, const CallExtents& ext) {
+// The variants whose declared minimum the call meets.
+VariantSet accept_mask(const KernelGroup& g, const CallExtents& ext) {
   bool positive = true;
   for (int d = 0; d < ext.n; d++) positive &= ext.e[d] >= 1;
-  uint64_t mask = positive ? g.any_extents : 0;
+  VariantSet mask = positive ? g.any_extents : VariantSet();
   for (size_t i = 0; i < g.variants.size(); i++) {
-    if ((mask >> i) & 1) continue;
+    if (mask.contains(i)) continue;
     const int64_t* min = g.variants[i].kernel->min_extents;
     int d = 0;
     while (d < ext.n && ext.e[d] >= min[d]) d++;
-    mask |= uint64_t(d == ext.n) << i;
+    if (d == ext.n) mask.insert(i);
   }
   return mask;
 }
 
 // The variants that may run the call: the accepted ones the forced name selects.
-uint64_t eligible_variants(const KernelGroup& g, const CallExtents& ext, uint64_t accepted,
-                           const std::string& forced) {
-  uint64_t mask = accepted;
+VariantSet eligible_variants(const KernelGroup& g, const CallExtents& ext, VariantSet mask,
+                             const std::string& forced) {
   if (!forced.empty()) {
     // An exact name wins over prefix matches ("manual" must not also pick "manual_small").
     bool exact = std::any_of(g.variants.begin(), g.variants.end(),
                              [&](const VariantInfo& v) { return v.name == forced; });
     for (size_t i = 0; i < g.variants.size(); i++) {
       const std::string& name = g.variants[i].name;
-      if (exact ? name != forced : !matches_forced(name, forced)) mask &= ~(uint64_t(1) << i);
+      if (exact ? name != forced : !matches_forced(name, forced)) mask.erase(i);
     }
   }
-  if (mask == 0) {
+  if (mask.empty()) {
     std::ostringstream os;
     os << g.op->name << " (" << g.dtype_key << "): no variant";
     if (!forced.empty()) os << " named '" << forced << "'";
@@ -204,17 +203,16 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     if (s.forced_op.empty() || s.forced_op == g.op->name) forced = s.forced;
     clock = s.clock;
   }
-  uint64_t accepted = accept_mask(g, ext);
-  uint64_t variants = eligible_variants(g, ext, accepted, forced);
+  VariantSet variants = eligible_variants(g, ext, accept_mask(g, ext), forced);
   cands.clear();
   for (int d : devs) {
     const ExecDevice& dev = *s.devices[size_t(d)];
-    uint64_t mine = variants & g.kind_mask[int(dev.device.kind)];
-    if (!mine) continue;
+    VariantSet mine = variants & g.kind_variants[int(dev.device.kind)];
+    if (mine.empty()) continue;
     // Load matters where there is a choice of device. Injected time (tests) has nothing to do
     // with this machine's load.
     if (devs.size() > 1) s.sched.set_load(d, clock || !dev.meter ? 1.0 : dev.meter->last());
-    cands.push_back({d, mine});
+    cands.push_back({d, std::move(mine)});
   }
   if (cands.empty()) {
     std::ostringstream os;

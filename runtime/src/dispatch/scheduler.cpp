@@ -22,15 +22,14 @@ struct FastSlot {
   uint64_t owner = 0;  // the scheduler's id(): unlike its address, never reused
   uint64_t generation = 0, key = 0;
   int device = -1;
-  uint64_t variants = 0;
+  VariantSet variants;
   void* entry = nullptr;
   uint64_t calls = 0;  // this thread's calls of the entry: it re-times every retime_every
 };
 constexpr size_t kFastSlots = 64;
-FastSlot& fast_slot(uint64_t key, int device, uint64_t variants) {
+FastSlot& fast_slot(uint64_t key, int device, const VariantSet& variants) {
   thread_local FastSlot slots[kFastSlots];
-  uint64_t h =
-      (key ^ (variants * 0x9E3779B97F4A7C15ull) ^ (uint64_t(device) << 40)) * 0xBF58476D1CE4E5B9ull;
+  uint64_t h = (key ^ variants.hash() ^ (uint64_t(device) << 40)) * 0xBF58476D1CE4E5B9ull;
   return slots[(h >> 58) % kFastSlots];
 }
 
@@ -41,8 +40,13 @@ static uint64_t fresh_scheduler_id() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-Scheduler::Scheduler(int max_devices)
-    : id_(fresh_scheduler_id()), devices_(size_t(max_devices)), loads_(size_t(max_devices)) {
+Scheduler::Scheduler(int devices) : id_(fresh_scheduler_id()) { set_device_count(devices); }
+
+void Scheduler::set_device_count(int devices) {
+  OPFORGE_CHECK(devices >= 1) << "scheduler: " << devices << " devices, expected at least 1";
+  std::lock_guard<std::mutex> lock(mu_);
+  devices_.assign(size_t(devices), DeviceState{});
+  loads_ = std::vector<std::atomic<double>>(size_t(devices));
   for (auto& l : loads_) l.store(1.0);
 }
 
@@ -83,13 +87,12 @@ const Scheduler::DeviceState* Scheduler::find_dev(int d) const {
   return d >= 0 && d < int(devices_.size()) ? &devices_[size_t(d)] : nullptr;
 }
 
-Scheduler::Entry& Scheduler::entry(uint64_t key, int device, uint64_t variants) {
+Scheduler::Entry& Scheduler::entry(uint64_t key, int device, const VariantSet& variants) {
   ModelKey k{key, variants, device};
   auto [it, created] = model_.try_emplace(k);
   Entry& e = it->second;
   if (created) {
-    for (int v = 0; v < kMaxVariants; v++)
-      if ((variants >> v) & 1) e.variants.push_back(v);
+    variants.for_each([&](int v) { e.variants.push_back(v); });
     e.stats.resize(e.variants.size());
     publish(e);
   }
@@ -172,7 +175,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   int cal_device = 0;
   bool any_left = false;
   for (const auto& c : cands) {
-    OPFORGE_CHECK(c.variants != 0) << "scheduler: device " << c.device << " has no variant";
+    OPFORGE_CHECK(!c.variants.empty()) << "scheduler: device " << c.device << " has no variant";
+    dev(c.device);  // an Error for a device the model was not sized for
     Entry& e = entry(key, c.device, c.variants);
     any_left = any_left || !e.variants.empty();
     if (e.variants.empty()) continue;
@@ -186,7 +190,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   if (!any_left) {
     // Every variant failed everywhere: run the first again, untimed, so that the caller sees why.
     d.device = cands[0].device;
-    while (!((cands[0].variants >> d.variant) & 1)) d.variant++;
+    d.variant = cands[0].variants.first();
     return chosen_set(d);
   }
   int cal_slot = -1;

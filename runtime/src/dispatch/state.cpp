@@ -1,6 +1,7 @@
 // The dispatcher's state: the devices that run kernels (the plain CPU or the logical CPU devices,
 // then the GPUs whose memory the runtime manages), the load sampler, and the settings that
 // tests and users change (forced variant, clock, policies).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,7 @@ State::State() {
     d->meter = b->load_meter(d->queue ? d->queue->thread_id() : -1);
     devices.push_back(std::move(d));
   }
+  sched.set_device_count(std::max<int>(1, int(devices.size())));
   // Queued calls hold tensors and kernels: let them finish before the process tears down.
   std::atexit([] {
     try {

@@ -154,15 +154,12 @@ void register_kernels(const KernelVariant* variants, size_t count) {
       return v.name == k.variant && v.kind == kind;
     });
     if (it == g.variants.end()) {
-      // Variant sets are 64-bit masks (scheduler.hpp).
-      OPFORGE_CHECK(g.variants.size() < size_t(kMaxVariants))
-          << k.op << " (" << k.dtype_key << "): more than " << kMaxVariants << " kernel variants";
       VariantInfo v;
       v.name = k.variant;
       v.kernel = &k;
       v.kind = kind;
       v.num_extents = call_extent_count(op);
-      g.kind_mask[int(kind)] |= uint64_t(1) << g.variants.size();
+      g.kind_variants[int(kind)].insert(g.variants.size());
       g.variants.push_back(v);
     } else if (target_rank(it->kernel->target) < rank) {
       it->kernel = &k;
@@ -173,14 +170,14 @@ void register_kernels(const KernelVariant* variants, size_t count) {
     for (auto& b : op->by_dtype) b = nullptr;
     for (auto& [key, g] : op->groups) {
       g.op = op;
-      g.any_extents = 0;
+      g.any_extents = VariantSet();
       g.has_dense = false;
       for (const VariantInfo& v : g.variants) g.has_dense = g.has_dense || v.kernel->dense_argv;
       for (size_t i = 0; i < g.variants.size(); i++)
         if (std::all_of(std::begin(g.variants[i].kernel->min_extents),
                         std::end(g.variants[i].kernel->min_extents),
                         [](int64_t e) { return e <= 1; }))
-          g.any_extents |= uint64_t(1) << i;
+          g.any_extents.insert(i);
       for (DType d : kAllDTypes)
         if (key == dtype_name(d)) op->by_dtype[size_t(d)] = &g;
     }
