@@ -114,7 +114,7 @@ inline std::string definition_text(const Pipeline& p) {
   std::vector<hir::Function> order;
   std::set<std::string> seen;
   std::vector<hir::Function> stack = {p.out.function()};
-  for (const auto* extra : {&p.acc, &p.padded})
+  for (const auto* extra : {&p.acc, &p.padded, &p.side})
     if (extra->defined()) stack.push_back(extra->function());
   for (const auto& r : p.reductions) stack.push_back(r.function());
   std::reverse(stack.begin(), stack.end());  // out first
@@ -136,7 +136,7 @@ inline std::string definition_text(const Pipeline& p) {
   for (const auto& a : p.args)
     os << "arg " << a.name << " " << int(a.kind) << " " << a.type << " " << int(a.dimensions)
        << "\n";
-  for (const auto* named : {&p.out, &p.acc, &p.padded})
+  for (const auto* named : {&p.out, &p.acc, &p.padded, &p.side})
     os << "role " << (named->defined() ? canon.name(named->name(), 'f') : "-") << "\n";
   for (const auto& r : p.reductions) os << "reduction " << canon.name(r.name(), 'f') << "\n";
   for (const auto& v : p.vars) os << "var " << canon.name(v.name(), 'v') << "\n";

@@ -209,7 +209,7 @@ int run(const Options& opt) {
         return false;
       }
       std::string object = parts_dir + "/" + fn + ".o";
-      Halide::Pipeline pipeline(p.out);
+      Halide::Pipeline pipeline(p.outputs());
       // Hand schedules are cheap and return the extents a schedule needs; the autoschedulers
       // (and compiling) are what the cache saves.
       if (dense)

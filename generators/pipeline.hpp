@@ -34,6 +34,15 @@ struct Pipeline {
   }
   Func out, acc;  // acc: the accumulation of contraction and window ops; out: Tuple-valued when
                   // the op has several outputs
+  // Outputs of another shape than out's, after out's buffers (a Halide pipeline with several
+  // output Funcs): a reduction's per-channel results, side(k), that out may read (batch_norm's
+  // statistics beside the normalised tensor); their buffers are channel0, channel1, ...
+  Func side;
+  std::vector<Func> outputs() const {
+    std::vector<Func> o{out};
+    if (side.defined()) o.push_back(side);
+    return o;
+  }
   int inout_mask = 0;  // inputs the outputs are written into, in place (bit i: input i), in order
   Func padded;         // window: the input with its zero border
   // elementwise ops that update several inputs in place: every input of an element, read before
@@ -60,7 +69,7 @@ inline DType dtype_of_halide(const Type& t) {
 }
 
 // A kernel's buffers in declared order (kernel_abi.hpp): the inputs, one of which may be written in
-// place (inout), then the outputs of `out` (several when it is Tuple-valued).
+// place (inout), then the outputs of `out` (several when it is Tuple-valued), then `side`'s.
 struct BufferDecl {
   std::string name;
   BufferRole role;
@@ -78,6 +87,11 @@ inline std::vector<BufferDecl> buffer_decls(const Pipeline& p) {
   for (size_t k = 0; k < types.size(); k++)
     b.push_back({types.size() == 1 ? std::string("out") : "out" + std::to_string(k),
                  BufferRole::output, dtype_of_halide(types[k]), p.out.dimensions()});
+  if (!p.side.defined()) return b;
+  types = p.side.output_types();
+  for (size_t k = 0; k < types.size(); k++)
+    b.push_back({"channel" + std::to_string(k), BufferRole::output, dtype_of_halide(types[k]),
+                 p.side.dimensions()});
   return b;
 }
 

@@ -19,14 +19,15 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
   partial.reorder_storage(order).compute_at(at).vectorize(u).update(0).vectorize(u);
 }
 
-// A per_channel op's out(k) (normalisation's per-channel sums): the channels in parallel, each
-// channel's reductions over (i, o) computed at it, in vector lanes along i where i is contiguous
-// and a vector long (NCHW: a channel's H x W plane), else one element at a time. Reductions that
-// do not depend on the channel (layer_norm's row statistics) are computed once, before.
-inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
+// A per_channel op's out(k) (normalisation's per-channel sums), or a channel_normalize op's
+// per-channel outputs: the channels in parallel, each channel's reductions over (i, o) computed at
+// it, in vector lanes along i where i is contiguous and a vector long (NCHW: a channel's H x W
+// plane), else one element at a time. Reductions that do not depend on the channel (layer_norm's
+// row statistics) are computed once, before.
+inline void manual_per_channel(gen::Pipeline& p, Func channels, const Halide::Target& t) {
   int v = vector_lanes(t, p.in_dtype);
-  Var k = p.vars[0];
-  p.out.parallel(k);
+  Var k = channels.args()[0];
+  channels.parallel(k);
   Expr unit = Halide::Internal::const_true();
   for (const Halide::ImageParam& in : p.inputs)
     if (in.dimensions() == 3) unit = unit && in.dim(0).stride() == 1 && in.dim(0).extent() >= v;
@@ -38,10 +39,39 @@ inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
       if (!f.args().empty()) f.update(0).parallel(f.args().back());
       continue;
     }
-    f.compute_at(p.out, k);
+    f.compute_at(channels, k);
     in_vector_lanes(f.update(0).specialize(unit), f.rvars(0)[0], 4 * v,
-                    Halide::LoopLevel(p.out, k));
+                    Halide::LoopLevel(channels, k));
   }
+}
+
+// A channel_normalize op: its per-channel outputs first, as above, then out(i, k, o) pointwise
+// over them: each (k, o) plane along i in vectors where i is contiguous and a vector long (NCHW),
+// else, with one value a plane ((N, C) inputs), along k in vectors; planes in parallel tasks.
+inline void manual_channel_normalize(gen::Pipeline& p, const Halide::Target& t) {
+  manual_per_channel(p, p.side, t);
+  int v = vector_lanes(t, p.in_dtype);
+  Var i = p.vars[0], k = p.vars[1], o = p.vars[2], plane("plane"), task("task"), ot("ot");
+  Halide::OutputImageParam ob = p.out.output_buffers()[0];
+  Expr along_i = ob.dim(0).stride() == 1 && ob.dim(0).extent() >= v;
+  Expr along_k = ob.dim(0).extent() == 1 && ob.dim(1).stride() == 1;
+  for (const Halide::ImageParam& in : p.inputs)
+    if (in.dimensions() == 3) {
+      along_i = along_i && in.dim(0).stride() == 1;
+      along_k = along_k && in.dim(1).stride() == 1;
+    }
+  p.out.specialize(along_i)
+      .vectorize(i, v, TailStrategy::GuardWithIf)
+      .fuse(k, o, plane)
+      .split(plane, task, plane, iterations_per_task(ob.dim(0).extent()), TailStrategy::GuardWithIf)
+      .parallel(task);
+  p.out.specialize(along_k)
+      .vectorize(k, v, TailStrategy::GuardWithIf)
+      .split(o, ot, o, iterations_per_task(ob.dim(1).extent()), TailStrategy::GuardWithIf)
+      .parallel(ot);
+  p.out.fuse(k, o, plane)
+      .split(plane, task, plane, iterations_per_task(ob.dim(0).extent()), TailStrategy::GuardWithIf)
+      .parallel(task);
 }
 
 // A reduction's layout is known only at the call, so each branch is a specialization:
@@ -55,7 +85,8 @@ inline void manual_per_channel(gen::Pipeline& p, const Halide::Target& t) {
 // Either way the reductions are computed once per outer index (and block), before the output
 // reads them, and a parallel task holds enough work to pay for its hand-off.
 inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
-  if (p.vars.size() == 1) return manual_per_channel(p, t);
+  if (p.side.defined()) return manual_channel_normalize(p, t);
+  if (p.vars.size() == 1) return manual_per_channel(p, p.out, t);
   int v = vector_lanes(t, p.in_dtype);
   const bool normalize = p.vars.size() == 3;
   // Vectors per parallel task along the inner axis: a task reads 4 KiB or more of each row it
@@ -132,13 +163,38 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   }
 }
 
+// A per_channel op's reductions that do not depend on the channel (layer_norm_backward_reduce's
+// row statistics) as kernels of their own before it, a thread per row: computed inside each
+// channel's thread, every channel would reduce every row again (rows x D^2 work).
+inline void gpu_root_row_reductions(gen::Pipeline& p) {
+  const std::string k = p.vars[0].name();
+  for (Func& f : p.reductions) {
+    bool per_channel = false;
+    for (const Var& a : f.args()) per_channel = per_channel || a.name() == k;
+    if (per_channel || f.args().empty()) continue;
+    Var row = f.args().back(), b("b"), t("t");
+    f.compute_root().gpu_tile(row, b, t, 128, TailStrategy::GuardWithIf);
+    f.update(0).gpu_tile(row, b, t, 128, TailStrategy::GuardWithIf);
+  }
+}
+
 // A normalize op's output keeps the reduced axis: a block per row; a reduce op's (and a
-// per_channel op's), a thread per output.
+// per_channel op's), a thread per output. A channel_normalize op: a thread per channel for its
+// per-channel outputs, then a thread per element of out.
 inline void gpu_reduction(gen::Pipeline& p) {
-  if (p.vars.size() == 3)
+  if (p.side.defined()) {
+    Var k = p.vars[1], b("b"), th("th"), f("f");
+    p.side.gpu_tile(k, b, th, 32, TailStrategy::GuardWithIf);
+    for (Func& r : p.reductions) r.compute_at(p.side, th);
+    p.out.fuse(p.vars[0], k, f)
+        .fuse(f, p.vars[2], f)
+        .gpu_tile(f, b, th, 128, TailStrategy::GuardWithIf);
+  } else if (p.vars.size() == 3) {
     gpu_rows(p, 128);
-  else
+  } else {
     gpu_flat(p, 128);
+    if (p.vars.size() == 1) gpu_root_row_reductions(p);
+  }
 }
 
 }  // namespace opforge::schedules

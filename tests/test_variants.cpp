@@ -535,7 +535,7 @@ void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
   }
 }
 
-// The four batch_norm kernels, whichever of them is forced, through opforge::batch_norm forward
+// The three batch_norm kernels, whichever of them is forced, through opforge::batch_norm forward
 // and backward in training (the batch's statistics, the running ones updated) and in evaluation
 // (the running statistics), against float64 formulas: per channel c over the n values of the
 // other dims, xhat = (x - mean) rstd, y = xhat w + b; dx = w rstd (g - sum(g) / n -
@@ -552,8 +552,9 @@ void check_batch_norm(const KernelGroup& g, const VariantInfo& v) {
   if (m[0] <= 1) shapes.push_back({at_least(m[2], 9), C});
   for (const Shape& shape : shapes)
     for (bool training : {true, false}) {
-      // Evaluation takes the running statistics: batch_norm_stats does not run.
-      if (!training && g.op->name == "batch_norm_stats") continue;
+      // Training runs batch_norm_train (the batch's statistics and the result in one kernel),
+      // evaluation batch_norm (the running statistics); batch_norm_backward runs in both.
+      if (g.op->name == (training ? "batch_norm" : "batch_norm_train")) continue;
       SCOPED_TRACE(shape_str(shape) + (training ? " training" : " evaluation"));
       const int64_t N = shape[0], inner = shape.size() == 4 ? shape[2] * shape[3] : 1;
       const double n = double(N * inner);
@@ -1019,8 +1020,7 @@ const std::map<std::string, Handler>& handlers() {
     t["layer_norm"] = check_layer_norm;
     t["layer_norm_backward"] = check_layer_norm_backward;
     t["layer_norm_backward_reduce"] = check_layer_norm_backward;
-    for (const char* op :
-         {"batch_norm_stats", "batch_norm", "batch_norm_backward_reduce", "batch_norm_backward"})
+    for (const char* op : {"batch_norm_train", "batch_norm", "batch_norm_backward"})
       t[op] = check_batch_norm;
     for (const char* op : {"max", "min", "logsumexp", "var", "prod"})
       t[std::string(op) + "_backward"] = reduction_backward_handler(op);
@@ -1077,9 +1077,8 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "logsumexp_backward",
                          "var_backward",
                          "prod_backward",
-                         "batch_norm_stats",
+                         "batch_norm_train",
                          "batch_norm",
-                         "batch_norm_backward_reduce",
                          "batch_norm_backward",
                          "matmul",
                          "gemm",

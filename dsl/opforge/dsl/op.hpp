@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <boost/hana.hpp>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -212,6 +213,8 @@ struct RedArgs {
   // over them and `count` is their number (inner x outer).
   Halide::RDom across;
   Expr count;
+  // A channel_normalize op's per-channel results, channel(k)[j], which its output may read.
+  Func channel;
   Attrs attr;
   Type type, out_type;
   Expr x(const Expr& kk) const { return in(i, kk, o); }
@@ -222,10 +225,12 @@ struct RedArgs {
 };
 
 // reduce: out(i, o); normalize: out(i, k, o); per_channel: out(k), a Tuple of results per channel
-// (reduced over i and o, the statistics batch normalisation needs).
-enum class ReductionKind { reduce, normalize, per_channel };
+// (reduced over i and o, the statistics batch normalisation needs); channel_normalize: both a
+// per_channel op's results, as outputs of their own shape, and out(i, k, o), which may read them
+// (batch normalisation in one kernel: the statistics and the normalised tensor).
+enum class ReductionKind { reduce, normalize, per_channel, channel_normalize };
 
-template <class Dtypes, class Fn>
+template <class Dtypes, class Fn, class ChannelFn = std::nullptr_t>
 struct ReductionOp {
   static constexpr Family family = Family::reduction;
   const char* name;
@@ -236,6 +241,7 @@ struct ReductionOp {
   Fn fn;  // returns the output expression at (i, o) or (i, k, o), or a Tuple at (k)
   int extra_inputs = 0;
   int like_inputs = 0;
+  ChannelFn channel_fn = {};  // channel_normalize: returns the Tuple at (k)
 };
 
 template <class Dtypes, class Fn>
@@ -269,6 +275,17 @@ constexpr auto per_channel(const char* name, Dtypes d, int like_inputs, Fn fn,
                            const char* attrs = "", int extra_inputs = 0) {
   return ReductionOp<Dtypes, Fn>{
       name, ReductionKind::per_channel, d, attrs, same, fn, extra_inputs, like_inputs};
+}
+
+// A channel_normalize op: `channel` returns the Tuple of per-channel results at k (as a per_channel
+// op's fn: reduced over `across`), each an output of shape (k); `fn` returns out(i, k, o), reading
+// them as a.channel(a.k)[j]. Its inputs are a per_channel op's.
+template <class Dtypes, class ChannelFn, class Fn>
+constexpr auto channel_normalize(const char* name, Dtypes d, int like_inputs, ChannelFn channel,
+                                 Fn fn, const char* attrs = "", int extra_inputs = 0) {
+  return ReductionOp<Dtypes, Fn, ChannelFn>{
+      name,   ReductionKind::channel_normalize, d, attrs, same, fn, extra_inputs, like_inputs,
+      channel};
 }
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----

@@ -62,11 +62,10 @@ inline Expr extremum_grad(const RedArgs& a, const Expr& extremum) {
   Expr count = Halide::sum(Halide::cast(a.type, ties(a.r)));
   return select(ties(a.k), a.like_at(0, a.k) / count, Halide::cast(a.type, 0));
 }
-// batch_norm's 1 / sqrt(var + eps) at channel k, from the variance given as extra[1], in the
-// accumulator's type.
-inline Expr given_rstd(const RedArgs& a) {
+// batch_norm's 1 / sqrt(var + eps) of a channel's variance, in the accumulator's type.
+inline Expr rstd_of(const RedArgs& a, const Expr& var) {
   Halide::Type acc = acc_type(a.type);
-  return 1 / Halide::sqrt(Halide::cast(acc, a.extra[1](a.k)) + Halide::cast(acc, a.attr["eps"]));
+  return 1 / Halide::sqrt(Halide::cast(acc, var) + Halide::cast(acc, a.attr["eps"]));
 }
 }  // namespace detail
 
@@ -224,55 +223,60 @@ inline const auto reduction_ops = hana::make_tuple(
           return Halide::Tuple(detail::acc_sum(g * xhat), detail::acc_sum(g));
         },
         "eps"),
-    // Batch normalisation in training, in the four kernels PyTorch's CPU and CUDA code splits it
-    // into, on the view in(i, k, o) with k the channels (NCHW: i = H x W, o = N); each channel's
-    // statistics are over i and o. The statistics: the mean and the biased variance.
-    per_channel("batch_norm_stats", floats, 0,
-                [](const RedArgs& a) {
-                  Halide::Type acc = detail::acc_type(a.type);
-                  Expr n = Halide::cast(acc, a.count);
-                  Expr mu = detail::acc_sum(a.x_across()) / n;
-                  Expr d = Halide::cast(acc, a.x_across()) - mu;
-                  return Halide::Tuple(mu, detail::acc_sum(d * d) / n);
-                }),
-    // The normalisation, from given statistics (the batch's, or the running ones in evaluation):
-    // extra inputs mean(k), var(k), weight(k), bias(k); attribute eps.
-    normalize(
-        "batch_norm", floats,
-        [](const RedArgs& a) {
-          Expr scale = Halide::cast(a.type, detail::given_rstd(a)) * a.extra[2](a.k);
-          return (a.x(a.k) - a.extra[0](a.k)) * scale + a.extra[3](a.k);
-        },
-        "eps", 4),
-    // What the gradients need per channel, from x, the result's gradient g (like[0]) and the
-    // statistics (extra mean(k), var(k)): sum(g) (the bias's gradient) and sum(g xhat) (the
-    // weight's), xhat = (x - mean) rstd.
-    per_channel(
-        "batch_norm_backward_reduce", floats, 1,
-        [](const RedArgs& a) {
-          Halide::Type acc = detail::acc_type(a.type);
-          Expr rstd = detail::given_rstd(a);
-          Expr g = Halide::cast(acc, a.like_across(0));
-          Expr xhat = (Halide::cast(acc, a.x_across()) - Halide::cast(acc, a.extra[0](a.k))) * rstd;
-          return Halide::Tuple(detail::acc_sum(g), detail::acc_sum(g * xhat));
-        },
-        "eps", 2),
-    // x's gradient, from x, g (like[0]) and extra mean(k), var(k), weight(k), sum_g(k),
-    // sum_gxhat(k): weight rstd (g - sum_g / n - xhat sum_gxhat / n) over the n values of a
-    // channel, in training (the statistics depend on x); given zero sums, weight rstd g, the
-    // gradient through fixed (running) statistics.
-    normalize_like(
-        "batch_norm_backward", floats, 1,
+    // Batch normalisation on the view in(i, k, o) with k the channels (NCHW: i = H x W, o = N);
+    // each channel's statistics are over i and o. In training, one kernel: the batch's mean and
+    // biased variance per channel (outputs of shape (k)) and the normalised tensor from them.
+    // extra inputs: weight(k), bias(k); attribute eps.
+    channel_normalize(
+        "batch_norm_train", floats, 0,
         [](const RedArgs& a) {
           Halide::Type acc = detail::acc_type(a.type);
           Expr n = Halide::cast(acc, a.count);
-          Expr rstd = detail::given_rstd(a);
+          Expr mu = detail::acc_sum(a.x_across()) / n;
+          Expr d = Halide::cast(acc, a.x_across()) - mu;
+          return Halide::Tuple(mu, detail::acc_sum(d * d) / n);
+        },
+        [](const RedArgs& a) {
+          Expr mean = a.channel(a.k)[0], var = a.channel(a.k)[1];
+          Expr scale = Halide::cast(a.type, detail::rstd_of(a, var)) * a.extra[0](a.k);
+          return (a.x(a.k) - mean) * scale + a.extra[1](a.k);
+        },
+        "eps", 2),
+    // The normalisation from given statistics (the running ones, in evaluation): extra inputs
+    // mean(k), var(k), weight(k), bias(k); attribute eps.
+    normalize(
+        "batch_norm", floats,
+        [](const RedArgs& a) {
+          Expr scale = Halide::cast(a.type, detail::rstd_of(a, a.extra[1](a.k))) * a.extra[2](a.k);
+          return (a.x(a.k) - a.extra[0](a.k)) * scale + a.extra[3](a.k);
+        },
+        "eps", 4),
+    // Its gradients in one kernel, from x, the result's gradient g (like[0]) and extra mean(k),
+    // var(k), weight(k): per channel sum(g xhat) (the weight's gradient) and sum(g) (the bias's),
+    // xhat = (x - mean) rstd; and x's, weight rstd (g - sum(g) / n - xhat sum(g xhat) / n) over the
+    // n values of a channel in training (attribute training = 1: the statistics depend on x), or
+    // weight rstd g through fixed (running) statistics (training = 0).
+    channel_normalize(
+        "batch_norm_backward", floats, 1,
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr g = Halide::cast(acc, a.like_across(0));
+          Expr xhat = (Halide::cast(acc, a.x_across()) - Halide::cast(acc, a.extra[0](a.k))) *
+                      detail::rstd_of(a, a.extra[1](a.k));
+          return Halide::Tuple(detail::acc_sum(g * xhat), detail::acc_sum(g));
+        },
+        [](const RedArgs& a) {
+          Halide::Type acc = detail::acc_type(a.type);
+          Expr n = Halide::cast(acc, a.count);
+          Expr rstd = detail::rstd_of(a, a.extra[1](a.k));
           Expr xhat = (Halide::cast(acc, a.x(a.k)) - Halide::cast(acc, a.extra[0](a.k))) * rstd;
+          Expr sums = Halide::cast(acc, a.channel(a.k)[1]) / n +
+                      xhat * Halide::cast(acc, a.channel(a.k)[0]) / n;
+          Expr g = Halide::cast(acc, a.like_at(0, a.k));
           Expr dx = Halide::cast(acc, a.extra[2](a.k)) * rstd *
-                    (Halide::cast(acc, a.like_at(0, a.k)) - Halide::cast(acc, a.extra[3](a.k)) / n -
-                     xhat * Halide::cast(acc, a.extra[4](a.k)) / n);
+                    (g - Halide::select(a.attr["training"] != 0, sums, Halide::cast(acc, 0)));
           return Halide::cast(a.type, dx);
         },
-        "eps", 5));
+        "eps,training:i", 3));
 
 }  // namespace opforge::ops

@@ -117,11 +117,11 @@ Tensor cross_entropy(const Tensor& scores, const Tensor& target_probs);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
 // PyTorch's batch_norm over x (N, C, ...), per channel: in training the batch's mean and biased
-// variance (one `batch_norm_stats` kernel) normalise x, and running_mean and running_var, when
-// given, move towards them by `momentum` (the variance unbiased), in place; in evaluation the
-// running statistics normalise x. One `batch_norm` kernel normalises; weight and bias default to
-// 1 and 0. The gradients are two kernels: `batch_norm_backward_reduce` (the weight's and the
-// bias's) and `batch_norm_backward` (x's).
+// variance normalise x (one `batch_norm_train` kernel computes both), and running_mean and
+// running_var, when given, move towards them by `momentum` (the variance unbiased), in place; in
+// evaluation the running statistics normalise x (one `batch_norm` kernel). weight and bias default
+// to 1 and 0. One `batch_norm_backward` kernel computes x's, the weight's and the bias's
+// gradients.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = {}, const Tensor& bias = {}, bool training = true,
                   double momentum = 0.1, double eps = 1e-5);

@@ -1,8 +1,8 @@
-// batch_norm and its gradients on the reduction family's four batch_norm kernels: x (N, C, ...) is
-// the view (inner, C, N) with inner the product of the dims after C, so nothing is copied; the
-// per-channel statistics are reduced over inner and N.
-#include <tuple>
-
+// batch_norm and its gradients on the reduction family's batch_norm kernels: in training one kernel
+// computes the batch's statistics and the normalised tensor, in evaluation one normalises with the
+// running statistics, and one computes all three gradients. x (N, C, ...) is the view (inner, C, N)
+// with inner the product of the dims after C, so nothing is copied; the per-channel statistics and
+// sums are reduced over inner and N.
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 #include "ops/reduction_call.hpp"
@@ -11,22 +11,15 @@ namespace opforge {
 namespace {
 using namespace detail;
 
-// x's, the weight's and the bias's gradients, given g (the result's gradient). In training the
-// statistics depend on x: dx takes the sums of g and g xhat over each channel; through fixed
-// (running) statistics it is weight rstd g, which the same kernel gives with zero sums.
+// x's, the weight's and the bias's gradients, given g (the result's gradient), in one kernel. In
+// training the statistics depend on x: dx takes the sums of g and g xhat over each channel;
+// through fixed (running) statistics it is weight rstd g.
 std::vector<Tensor> batch_norm_grads(const Tensor& x, const Tensor& w, const Tensor& mean,
                                      const Tensor& var, const Tensor& g, bool training, double eps,
                                      bool need_x, bool need_w, bool need_b) {
-  Tensor sum_g, sum_gxhat, dx;
-  if ((training && need_x) || need_w || need_b)
-    std::tie(sum_g, sum_gxhat) =
-        run_per_channel(OPFORGE_OP("batch_norm_backward_reduce"), x, {g}, {mean, var}, {eps});
-  if (need_x) {
-    Tensor zeros = training ? Tensor() : Tensor::zeros({x.size(1)}, x.dtype());
-    dx = run_reduction(OPFORGE_OP("batch_norm_backward"), x, {1}, true, {eps},
-                       {mean, var, w, training ? sum_g : zeros, training ? sum_gxhat : zeros}, {g});
-  }
-  return {dx, need_w ? sum_gxhat : Tensor(), need_b ? sum_g : Tensor()};
+  std::vector<Tensor> r = run_per_channel(OPFORGE_OP("batch_norm_backward"), x, {g}, {mean, var, w},
+                                          {eps, training ? 1.0 : 0.0});
+  return {need_x ? r[0] : Tensor(), need_w ? r[1] : Tensor(), need_b ? r[2] : Tensor()};
 }
 
 }  // namespace
@@ -50,23 +43,27 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const int64_t n = C == 0 ? 0 : x.numel() / C;
   OPFORGE_CHECK(!training || n > 1)
       << "batch_norm: training needs more than one value per channel, got " << shape_str(x.shape());
+  Tensor w = weight.defined() ? weight.to(x.dtype()) : Tensor::ones({C}, x.dtype());
+  Tensor b = bias.defined() ? bias.to(x.dtype()) : Tensor::zeros({C}, x.dtype());
   Tensor mean, var;
-  if (training) {
-    autograd::NoGradGuard no_grad;
-    std::tie(mean, var) = run_per_channel(OPFORGE_OP("batch_norm_stats"), x.detach(), {}, {}, {});
+  if (!training) {
+    mean = running_mean.to(x.dtype());
+    var = running_var.to(x.dtype());
+  }
+  auto forward = [&] {
+    if (!training)
+      return run_reduction(OPFORGE_OP("batch_norm"), x, {1}, true, {eps}, {mean, var, w, b});
+    std::vector<Tensor> r =
+        run_per_channel(OPFORGE_OP("batch_norm_train"), x.detach(), {}, {w, b}, {eps});
+    mean = r[1];
+    var = r[2];
     if (running_mean.defined()) {
+      autograd::NoGradGuard no_grad;
       Tensor rm = running_mean, rv = running_var;  // handles on the same storage
       rm.mul_(1 - momentum).add_(mean.to(rm.dtype()), momentum);
       rv.mul_(1 - momentum).add_(mul(var, double(n) / double(n - 1)).to(rv.dtype()), momentum);
     }
-  } else {
-    mean = running_mean.to(x.dtype());
-    var = running_var.to(x.dtype());
-  }
-  Tensor w = weight.defined() ? weight.to(x.dtype()) : Tensor::ones({C}, x.dtype());
-  Tensor b = bias.defined() ? bias.to(x.dtype()) : Tensor::zeros({C}, x.dtype());
-  auto forward = [&] {
-    return run_reduction(OPFORGE_OP("batch_norm"), x, {1}, true, {eps}, {mean, var, w, b});
+    return r[0];
   };
   return autograd::differentiable("batch_norm", {x, weight, bias}, forward, [&](const Tensor&) {
     return [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(w),

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <tuple>
 
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
@@ -14,8 +13,9 @@ namespace opforge {
 namespace {
 using namespace detail;
 
-constexpr int kNormalize = 1;   // ReductionKind::normalize in the DSL
-constexpr int kPerChannel = 2;  // ReductionKind::per_channel
+constexpr int kNormalize = 1;         // ReductionKind::normalize in the DSL
+constexpr int kPerChannel = 2;        // ReductionKind::per_channel
+constexpr int kChannelNormalize = 3;  // ReductionKind::channel_normalize
 
 std::vector<int> normalize_axes(const char* op, std::vector<int> axes, int rank) {
   if (axes.empty()) {
@@ -64,9 +64,9 @@ Tensor detail::run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, 
   const char* name = op.name.c_str();
   OPFORGE_CHECK(op.family == "reduction")
       << op.name << " is a " << op.family << " op, not a reduction";
-  OPFORGE_CHECK(op.flags != kPerChannel)
-      << op.name << " computes per-channel statistics for batch normalisation; call "
-      << "opforge::batch_norm";
+  OPFORGE_CHECK(op.flags != kPerChannel && op.flags != kChannelNormalize)
+      << op.name << " computes per-channel results for normalisation; call "
+      << "opforge::batch_norm or opforge::layer_norm";
   OPFORGE_CHECK(x.defined()) << name << ": input is undefined";
   const KernelGroup& g = group_for(op, x.dtype());
   bool normalize = op.flags == kNormalize;
@@ -151,22 +151,31 @@ Tensor detail::run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, 
   return result(out);
 }
 
-std::pair<Tensor, Tensor> detail::run_per_channel(const OpInfo& op, const Tensor& x,
-                                                  const std::vector<Tensor>& like,
-                                                  const std::vector<Tensor>& extra,
-                                                  const AttrValues& attrs) {
-  OPFORGE_CHECK(op.flags == kPerChannel) << op.name << " is not a per-channel reduction";
+std::vector<Tensor> detail::run_per_channel(const OpInfo& op, const Tensor& x,
+                                            const std::vector<Tensor>& like,
+                                            const std::vector<Tensor>& extra,
+                                            const AttrValues& attrs) {
+  const bool normalizes = op.flags == kChannelNormalize;
+  OPFORGE_CHECK(op.flags == kPerChannel || normalizes)
+      << op.name << " is not a per-channel reduction";
   OPFORGE_CHECK(x.defined() && x.dim() >= 2) << op.name << ": expected an (N, C, ...) input, got "
                                              << (x.defined() ? shape_str(x.shape()) : "undefined");
   const KernelGroup& g = op.group(std::string(dtype_name(x.dtype())));
   // (inner, C, N): the dims after C, the channels, the batch.
   int64_t inner = 1, channels = x.size(1), outer = x.size(0);
   for (int d = 2; d < x.dim(); d++) inner *= x.size(d);
-  Tensor a = Tensor::empty({channels}, g.out_dtype), b = Tensor::empty({channels}, g.out_dtype);
-  if (channels == 0) return {place_like(a, {x}), place_like(b, {x})};
-  if (inner == 0 || outer == 0)  // sums over nothing
-    return {place_like(Tensor::zeros({channels}, g.out_dtype), {x}),
-            place_like(Tensor::zeros({channels}, g.out_dtype), {x})};
+  std::vector<Tensor> out;
+  if (normalizes) out.push_back(Tensor::empty(x.shape(), g.out_dtype));
+  const size_t first_channel = out.size();
+  for (int j = int(first_channel); j < op.num_outputs; j++)
+    out.push_back(Tensor::empty({channels}, g.out_dtype));
+  if (channels == 0 || inner == 0 || outer == 0) {
+    // Sums over nothing are zero.
+    for (size_t j = first_channel; j < out.size(); j++)
+      out[j] = Tensor::zeros({channels}, g.out_dtype);
+    for (Tensor& t : out) t = place_like(t, {x});
+    return out;
+  }
   KernelArgs args;
   args.input(dense_view(x.contiguous(), {inner, channels, outer}));
   for (const Tensor& t : like) {
@@ -177,10 +186,10 @@ std::pair<Tensor, Tensor> detail::run_per_channel(const OpInfo& op, const Tensor
   }
   for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {channels}));
   args.attrs(op, attrs);
-  args.output(dense_view(a, {channels}));
-  args.output(dense_view(b, {channels}));
+  if (normalizes) args.output(dense_view(out[0], {inner, channels, outer}));
+  for (size_t j = first_channel; j < out.size(); j++) args.output(dense_view(out[j], {channels}));
   launch(g, extents({inner, channels, outer}), std::move(args));
-  return {a, b};
+  return out;
 }
 
 namespace {
@@ -362,11 +371,11 @@ std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Sha
     for (int64_t s : normalized) D *= s;
     Shape rows_d = {D == 0 ? 0 : x.numel() / D, D};
     // An integer x was normalised in float32 (d), as the forward did.
-    std::tie(dw, db) =
+    std::vector<Tensor> sums =
         run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.to(d).reshape(rows_d),
                         {g.to(d).reshape(rows_d)}, {}, {eps});
-    dw = w.defined() ? dw.reshape(normalized) : Tensor();
-    db = bias_shape ? db.reshape(*bias_shape) : Tensor();
+    dw = w.defined() ? sums[0].reshape(normalized) : Tensor();
+    db = bias_shape ? sums[1].reshape(*bias_shape) : Tensor();
   }
   return {dx, dw, db};
 }

@@ -17,12 +17,12 @@ Tensor run_reduction(const OpInfo& op, Tensor x, std::vector<int> axes, bool kee
                      const AttrValues& attrs, const std::vector<Tensor>& extra,
                      std::vector<Tensor> like = {});
 
-// Runs a per_channel op (batch_norm_stats, batch_norm_backward_reduce,
-// layer_norm_backward_reduce) on x (N, C, ...) as the view (the dims after C, C, N): its two
-// results per channel C. `like`: inputs of x's shape; `extra`: inputs of C elements.
-std::pair<Tensor, Tensor> run_per_channel(const OpInfo& op, const Tensor& x,
-                                          const std::vector<Tensor>& like,
-                                          const std::vector<Tensor>& extra,
-                                          const AttrValues& attrs);
+// Runs a per_channel op (layer_norm_backward_reduce) or a channel_normalize op (batch_norm_train,
+// batch_norm_backward) on x (N, C, ...) as the view (the dims after C, C, N): a channel_normalize
+// op's result of x's shape first, then the per-channel results (C elements each). `like`: inputs
+// of x's shape; `extra`: inputs of C elements.
+std::vector<Tensor> run_per_channel(const OpInfo& op, const Tensor& x,
+                                    const std::vector<Tensor>& like,
+                                    const std::vector<Tensor>& extra, const AttrValues& attrs);
 
 }  // namespace opforge::detail
