@@ -163,37 +163,55 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
   }
 }
 
-// A per_channel op's reductions that do not depend on the channel (layer_norm_backward_reduce's
-// row statistics) as kernels of their own before it, a thread per row: computed inside each
-// channel's thread, every channel would reduce every row again (rows x D^2 work).
-inline void gpu_root_row_reductions(gen::Pipeline& p) {
-  const std::string k = p.vars[0].name();
+// Per-channel results on a GPU (a per_channel op's out, a channel_normalize op's side): a block
+// per channel, whose threads each reduce a strided part of the channel's (i, o) values (adjacent
+// threads read adjacent elements), then one thread combines their partial results; a thread per
+// channel left all but 32 of a GPU's threads idle for a CNN layer's statistics. Reductions that do
+// not depend on the channel (layer_norm_backward_reduce's row statistics) are kernels of their
+// own before it, a thread per row: inside the channels' blocks every channel would reduce every
+// row again (rows x D^2 work).
+inline void gpu_channels(gen::Pipeline& p, Func channels, int threads) {
+  Var k = channels.args()[0];
+  channels.gpu_blocks(k);
   for (Func& f : p.reductions) {
     bool per_channel = false;
-    for (const Var& a : f.args()) per_channel = per_channel || a.name() == k;
-    if (per_channel || f.args().empty()) continue;
-    Var row = f.args().back(), b("b"), t("t");
-    f.compute_root().gpu_tile(row, b, t, 128, TailStrategy::GuardWithIf);
-    f.update(0).gpu_tile(row, b, t, 128, TailStrategy::GuardWithIf);
+    for (const Var& a : f.args()) per_channel = per_channel || a.name() == k.name();
+    if (!per_channel) {
+      if (f.args().empty()) continue;
+      Var row = f.args().back(), b("b"), t("t");
+      f.compute_root().gpu_tile(row, b, t, threads, TailStrategy::GuardWithIf);
+      f.update(0).gpu_tile(row, b, t, threads, TailStrategy::GuardWithIf);
+      continue;
+    }
+    f.compute_at(channels, k);
+    std::vector<Halide::RVar> across = f.rvars(0);
+    if (f.outputs() != 1 || across.size() != 2) continue;  // reduced by the block's one thread
+    Halide::RVar both("both"), ro("ro"), ri("ri");
+    Var u("u");
+    Func parts = f.update(0)
+                     .fuse(across[0], across[1], both)
+                     .split(both, ro, ri, threads, TailStrategy::GuardWithIf)
+                     .rfactor(ri, u);
+    parts.compute_at(channels, k).gpu_threads(u).update(0).gpu_threads(u);
   }
 }
 
-// A normalize op's output keeps the reduced axis: a block per row; a reduce op's (and a
-// per_channel op's), a thread per output. A channel_normalize op: a thread per channel for its
-// per-channel outputs, then a thread per element of out.
+// A normalize op's output keeps the reduced axis: a block per row; a reduce op's, a thread per
+// output; per-channel results a block per channel (above), and a channel_normalize op's out then a
+// thread per element.
 inline void gpu_reduction(gen::Pipeline& p) {
   if (p.side.defined()) {
-    Var k = p.vars[1], b("b"), th("th"), f("f");
-    p.side.gpu_tile(k, b, th, 32, TailStrategy::GuardWithIf);
-    for (Func& r : p.reductions) r.compute_at(p.side, th);
-    p.out.fuse(p.vars[0], k, f)
+    gpu_channels(p, p.side, 128);
+    Var f("f"), b("b"), th("th");
+    p.out.fuse(p.vars[0], p.vars[1], f)
         .fuse(f, p.vars[2], f)
         .gpu_tile(f, b, th, 128, TailStrategy::GuardWithIf);
   } else if (p.vars.size() == 3) {
     gpu_rows(p, 128);
+  } else if (p.vars.size() == 1) {
+    gpu_channels(p, p.out, 128);
   } else {
     gpu_flat(p, 128);
-    if (p.vars.size() == 1) gpu_root_row_reductions(p);
   }
 }
 
