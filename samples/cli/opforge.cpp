@@ -25,6 +25,7 @@
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
+#include "parallel_bench.hpp"
 #include "peers.hpp"
 #include "scheduler_bench.hpp"
 #include "train.hpp"
@@ -382,20 +383,22 @@ int run_bench(bool json, const std::string& filter, int repeats) {
 
 // Two logical CPU devices of one core each: when the process was started without them, it starts
 // itself again with OPFORGE_CPU_DEVICES="0;1" (devices are fixed at start-up).
-int run_scheduler_bench(bool json, int repeats, char** argv) {
+void ensure_two_logical_cpus(const std::string& what, char** argv) {
   int cpus = 0;
   for (const DeviceStats& s : device_stats()) cpus += s.device.kind == DeviceKind::cpu;
-  if (cpus < 2) {
-    OPFORGE_CHECK(!std::getenv("OPFORGE_CPU_DEVICES"))
-        << "bench --scheduler needs two logical CPU devices, but OPFORGE_CPU_DEVICES='"
-        << std::getenv("OPFORGE_CPU_DEVICES") << "' makes fewer";
-    OPFORGE_CHECK(num_cpu_cores(true) >= 2)
-        << "bench --scheduler needs two cores, this machine has " << num_cpu_cores(true);
-    setenv("OPFORGE_CPU_DEVICES", "0;1", 1);
-    execv("/proc/self/exe", argv);
-    throw Error(std::string("bench --scheduler: cannot restart with two logical devices: ") +
-                std::strerror(errno));
-  }
+  if (cpus >= 2) return;
+  OPFORGE_CHECK(!std::getenv("OPFORGE_CPU_DEVICES"))
+      << what << " needs two logical CPU devices, but OPFORGE_CPU_DEVICES='"
+      << std::getenv("OPFORGE_CPU_DEVICES") << "' makes fewer";
+  OPFORGE_CHECK(num_cpu_cores(true) >= 2)
+      << what << " needs two cores, this machine has " << num_cpu_cores(true);
+  setenv("OPFORGE_CPU_DEVICES", "0;1", 1);
+  execv("/proc/self/exe", argv);
+  throw Error(what + ": cannot restart with two logical devices: " + std::strerror(errno));
+}
+
+int run_scheduler_bench(bool json, int repeats, char** argv) {
+  ensure_two_logical_cpus("bench --scheduler", argv);
   SchedulerBenchOptions o;
   o.repeats = repeats;
   if (isatty(STDERR_FILENO)) std::cerr << "running the scheduler benchmark...\n";
@@ -431,6 +434,57 @@ int run_scheduler_bench(bool json, int repeats, char** argv) {
 }
 
 // Training speed against PyTorch's, and where each step's time goes.
+// `opforge bench --distributed`: the load-driven batch split against the static one.
+int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) {
+  ensure_two_logical_cpus("bench --distributed", argv);
+  ParallelBenchOptions o;
+  o.repeats = repeats;
+  o.batch_size = batch_size;
+  if (isatty(STDERR_FILENO)) std::cerr << "running the data-parallel benchmark...\n";
+  ParallelBenchResult r = run_parallel_bench(o);
+  auto run = [](const SplitRun& s) {
+    Json split = Json::object();
+    for (const auto& [dev, share] : s.split) split[dev] = share;
+    return Json{{"samples_per_second", s.samples_per_second},
+                {"split", split},
+                {"share_ms", s.share_ms},
+                {"ms_per_step",
+                 {{"passes", s.passes_ms}, {"optimizer", s.optimizer_ms}, {"data", s.data_ms}}}};
+  };
+  if (json) {
+    std::cout << Json{{"model", o.model},
+                      {"batch_size", o.batch_size},
+                      {"loaded_device", "cpu:" + std::to_string(o.loaded_device)},
+                      {"measured_split", run(r.measured)},
+                      {"fixed_split", run(r.fixed)},
+                      {"ratio", r.ratio}}
+                     .dump(2)
+              << '\n';
+    return 0;
+  }
+  std::cout << "train_" << o.model << " data-parallel on cpu:0 and cpu:1 (one core each), batch "
+            << o.batch_size << ", cpu:" << o.loaded_device
+            << "'s core kept busy by another process\n\n";
+  Table t({"split", "samples/s", "share of cpu:0", "share of cpu:1", "passes ms", "cpu:0 ms",
+           "cpu:1 ms", "optimizer ms", "data ms"},
+          {false, true, true, true, true, true, true, true, true});
+  auto add = [&](const std::string& name, const SplitRun& s) {
+    t.add({name, fixed(s.samples_per_second, 0),
+           s.split.size() > 0 ? fixed(100 * s.split[0].second, 1) + "%" : "-",
+           s.split.size() > 1 ? fixed(100 * s.split[1].second, 1) + "%" : "-", fixed(s.passes_ms),
+           s.share_ms.size() > 0 ? fixed(s.share_ms[0]) : "-",
+           s.share_ms.size() > 1 ? fixed(s.share_ms[1]) : "-", fixed(s.optimizer_ms),
+           fixed(s.data_ms, 3)});
+  };
+  add("measured throughput", r.measured);
+  add("fixed (by cores)", r.fixed);
+  t.print(std::cout);
+  std::cout << "\nmeasured / fixed: " << fixed(r.ratio)
+            << "x (target >= 1.3x, limit 1.5x)\nmedians of " << o.repeats
+            << " alternated rounds of " << o.steps << " steps after " << o.warmup << "\n";
+  return 0;
+}
+
 int run_train_bench(bool json, const std::string& filter, int repeats, const std::string& python,
                     int64_t batch_size) {
   TrainBenchOptions o;
@@ -526,7 +580,7 @@ int run(int argc, char** argv) {
   bench->add_option("--repeats", repeats, "Timed repeats per benchmark; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  bool scheduler_flag = false, train_flag = false;
+  bool scheduler_flag = false, train_flag = false, distributed_flag = false;
   std::string peer_python;
   int64_t bench_batch = 128;
   bench->add_flag("--scheduler", scheduler_flag,
@@ -535,6 +589,9 @@ int run(int argc, char** argv) {
   bench->add_flag("--train", train_flag,
                   "Training samples/s of opforge train's models against PyTorch's, with where "
                   "each step's time goes (PyTorch from .venv: scripts/bench-venv.sh)");
+  bench->add_flag("--distributed", distributed_flag,
+                  "Data-parallel training on two logical CPU devices, one core loaded by another "
+                  "process: the batch split by measured throughput against the fixed split");
   bench->add_option(
       "--python", peer_python,
       "Python of the PyTorch peer (default: .venv/bin/python, else /usr/bin/python3)");
@@ -575,6 +632,11 @@ int run(int argc, char** argv) {
                    "auto (placed per call) or one device: cpu, "
                    "opencl:0, cuda:0")
       ->capture_default_str();
+  train_cmd->add_option(
+      "--devices", train.devices,
+      "Data-parallel: each step's batch split over these devices in proportion to their "
+      "measured speed, e.g. cpu:0,cpu:1,opencl:0, or auto (every device automatic placement "
+      "uses); cpu:N split the cores evenly unless OPFORGE_CPU_DEVICES is set");
   train_cmd->add_option("--data", train.data, "Folder with the Fashion-MNIST IDX files");
   train_cmd->add_option("--limit", train.limit, "Train on the first N training images only")
       ->check(CLI::PositiveNumber);
@@ -601,6 +663,9 @@ int run(int argc, char** argv) {
     if (*train_cmd) {
       // Halide's thread pool reads it when the first kernel runs.
       if (train.threads > 0) setenv("HL_NUM_THREADS", std::to_string(train.threads).c_str(), 1);
+      // Logical CPU devices are made when the runtime starts, from OPFORGE_CPU_DEVICES.
+      if (std::string spec = split_cores_for(train.devices); !spec.empty())
+        std::cout << "opforge train: OPFORGE_CPU_DEVICES=\"" << spec << "\"\n";
       return run_train(train);
     }
     if (*eval_cmd) return run_eval(eval);
@@ -608,6 +673,10 @@ int run(int argc, char** argv) {
       return run_scheduler_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : SchedulerBenchOptions{}.repeats,
           argv);
+    if (*bench && distributed_flag)
+      return run_parallel_bench(
+          bench_json_flag, bench->count("--repeats") ? repeats : ParallelBenchOptions{}.repeats,
+          bench_batch, argv);
     if (*bench && train_flag)
       return run_train_bench(bench_json_flag, filter,
                              bench->count("--repeats") ? repeats : TrainBenchOptions{}.repeats,

@@ -24,6 +24,7 @@
 #include "opforge/torch.hpp"
 #include "opforge/torch/data.hpp"
 #include "plot.hpp"
+#include "train_devices.hpp"
 
 namespace opforge::cli {
 namespace {
@@ -136,7 +137,8 @@ std::string shares(const std::map<std::string, int64_t>& before,
 class Progress {
  public:
   Progress(int64_t epochs, int64_t steps) : epochs_(epochs), steps_(steps), tty_(isatty(1)) {}
-  void update(int64_t epoch, int64_t step, double loss, double samples_per_s, double eta_s) {
+  void update(int64_t epoch, int64_t step, double loss, double samples_per_s, double eta_s,
+              const std::string& split) {
     bool tenth = steps_ >= 10 && (step + 1) % (steps_ / 10) == 0;
     if (!tty_ && !tenth && step + 1 != steps_) return;
     std::ostringstream os;
@@ -145,6 +147,7 @@ class Progress {
        << std::string(size_t(30 - filled), '.') << "] step " << step + 1 << "/" << steps_
        << " loss " << std::fixed << std::setprecision(4) << loss << " " << std::setprecision(0)
        << samples_per_s << " samples/s ETA " << std::setprecision(0) << eta_s << " s";
+    if (!split.empty()) os << " [" << split << "]";
     if (tty_)
       std::cout << "\r" << os.str() << "\033[K" << std::flush;
     else
@@ -185,6 +188,8 @@ int run_train(const TrainOptions& o) {
   OPFORGE_CHECK(o.epochs > 0 && o.batch_size > 0) << "--epochs and --batch-size must be positive";
   OPFORGE_CHECK(o.device == "auto" || device_exists(parse_device(o.device)))
       << "--device " << o.device << ": no such device here (opforge info lists them)";
+  OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
+      << "--device and --devices: give one or the other";
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
   data::FashionMnist fm =
@@ -193,19 +198,19 @@ int run_train(const TrainOptions& o) {
   data::Dataset train = data::head(fm.train, o.limit);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
   std::unique_ptr<optim::LambdaLR> schedule = make_schedule(o, *opt);
-  nn::CrossEntropyLoss criterion(o.label_smoothing);
-  std::unique_ptr<DefaultDevice> scope;
-  if (o.device != "auto") scope = std::make_unique<DefaultDevice>(o.device);
+  Stepper stepper(o, net);
 
   const fs::path dir = o.out.empty() ? default_run_folder(o.model) : o.out;
   fs::create_directories(dir);
   std::cout << "opforge train: " << o.model << ", " << train.size() << " training and "
             << fm.test.size() << " test images, batch " << o.batch_size << ", " << o.optimizer
-            << " lr " << opt->lr() << (schedule ? " (" + o.lr_schedule + " schedule)" : "")
-            << ", " << o.epochs << " epoch(s); run folder " << dir.string()
-            << "\n";
+            << " lr " << opt->lr() << (schedule ? " (" + o.lr_schedule + " schedule)" : "") << ", "
+            << o.epochs << " epoch(s)"
+            << (stepper.parallel() ? ", data-parallel over " + stepper.device_names() : "")
+            << "; run folder " << dir.string() << "\n";
   std::ofstream csv(dir / "metrics.csv");
-  csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares\n";
+  csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares,batch_split,"
+         "micro_batches\n";
   std::vector<double> losses, accuracies;
 
   data::DataLoader loader(train, o.batch_size, true, o.seed);
@@ -214,12 +219,12 @@ int run_train(const TrainOptions& o) {
     auto calls_before = calls_per_device();
     auto start = std::chrono::steady_clock::now();
     loader.start_epoch(epoch);
+    stepper.reset();
     double loss_sum = 0;
     int64_t seen = 0;
     while (std::optional<data::Batch> b = loader.next()) {
       opt->zero_grad();
-      Tensor loss = criterion((*net)(b->images), b->labels);
-      loss.backward();
+      Tensor loss = stepper.step(b->images, b->labels);
       opt->step();
       double l = loss.item();
       // The step already changed the weights; those of the last finished epoch are on disk.
@@ -231,7 +236,8 @@ int run_train(const TrainOptions& o) {
       seen += b->labels.size(0);
       double elapsed = Seconds(std::chrono::steady_clock::now() - start).count();
       double rate = double(seen) / std::max(elapsed, 1e-9);
-      progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9));
+      progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
+                      stepper.last_split());
     }
     progress.end_epoch();
     double seconds = Seconds(std::chrono::steady_clock::now() - start).count();
@@ -242,10 +248,15 @@ int run_train(const TrainOptions& o) {
     std::cout << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
               << losses.back() << ", test accuracy " << std::setprecision(2) << 100 * acc << "%, "
               << std::setprecision(1) << seconds << " s (" << std::setprecision(0)
-              << double(seen) / seconds << " samples/s); kernels: " << share << "\n";
+              << double(seen) / seconds << " samples/s); kernels: " << share
+              << (stepper.parallel()
+                      ? "; batch split: " + stepper.split_since_reset() + stepper.micro_batches()
+                      : "")
+              << "\n";
     // Each epoch's results are on disk before the next starts: a failed run keeps them.
     csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
-        << double(seen) / seconds << "," << share << "\n"
+        << double(seen) / seconds << "," << share << "," << stepper.split_since_reset() << ","
+        << stepper.micro_batch_list() << "\n"
         << std::flush;
     save_safetensors((dir / "weights.safetensors").string(), net->state_dict(),
                      {{"model", o.model},
@@ -270,6 +281,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
     return d;
   }();
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
+  Stepper stepper(o, net);
   nn::CrossEntropyLoss criterion(o.label_smoothing);
   data::DataLoader loader(data::head(fm.train, (steps + warmup) * o.batch_size), o.batch_size, true,
                           o.seed, true);
@@ -280,15 +292,20 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
   for (int64_t s = 0; s < warmup + steps; s++) {
     if (s == warmup) {
       std::fill(std::begin(phase), std::end(phase), 0.0);
+      stepper.reset();
       start = Clock::now();
     }
     auto t0 = Clock::now();
     std::optional<data::Batch> b = loader.next();
     OPFORGE_CHECK(b) << "time_training: the data ran out at step " << s;
     auto t1 = Clock::now();
-    Tensor loss = criterion((*net)(b->images), b->labels);
+    Tensor loss;
+    if (stepper.parallel())
+      loss = stepper.step(b->images, b->labels);  // the shares' passes overlap: all "forward"
+    else
+      loss = criterion((*net)(b->images), b->labels);
     auto t2 = Clock::now();
-    loss.backward();
+    if (!stepper.parallel()) loss.backward();
     auto t3 = Clock::now();
     opt->step();
     opt->zero_grad();
@@ -301,8 +318,13 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
   }
   double seconds = Seconds(Clock::now() - start).count();
   double ms = 1e3 / double(steps);
-  return {double(steps * o.batch_size) / seconds, phase[0] * ms, phase[1] * ms, phase[2] * ms,
-          phase[3] * ms};
+  return {double(steps * o.batch_size) / seconds,
+          phase[0] * ms,
+          phase[1] * ms,
+          phase[2] * ms,
+          phase[3] * ms,
+          stepper.shares_since_reset(),
+          stepper.share_ms_since_reset()};
 }
 
 int run_eval(const EvalOptions& o) {

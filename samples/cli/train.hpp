@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace opforge::cli {
 
@@ -17,10 +19,19 @@ struct TrainOptions {
   uint64_t seed = 0;
   int threads = 0;  // 0: every core
   std::string device = "auto";
-  std::string data;  // empty: the Debian package's folder
-  std::string out;   // empty: runs/<model>-<date>-<time>
+  // Data-parallel training (nn::DataParallel): each step's batch split over these devices in
+  // proportion to their measured speed, a comma-separated list ("cpu:0,cpu:1,opencl:0") or auto
+  // (every device automatic placement uses); empty: one module, its calls placed one by one.
+  std::string devices;
+  bool fixed_split = false;  // the batch split by cores instead (a benchmark's baseline)
+  std::string data;          // empty: the Debian package's folder
+  std::string out;           // empty: runs/<model>-<date>-<time>
 };
 int run_train(const TrainOptions& o);
+// Before the runtime starts: when --devices names logical CPU devices (cpu:1, ...) and
+// OPFORGE_CPU_DEVICES is unset, sets it to split the cores evenly among them. Returns the
+// setting it made (empty: none).
+std::string split_cores_for(const std::string& devices);
 
 // Training speed and where a step's time goes: `steps` steps of run_train's loop after `warmup`,
 // on the first images of the training set (`opforge bench --train`, against PyTorch's).
@@ -29,6 +40,10 @@ struct TrainTiming {
   // Milliseconds per step: waiting for the batch, forward pass and loss, backward pass, and the
   // optimiser's step with zero_grad.
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // Data-parallel: each device's share of the samples (the forward and backward passes of the
+  // shares overlap, so their time is all in forward_ms).
+  std::vector<std::pair<std::string, double>> split;
+  std::vector<double> share_ms;  // each device's milliseconds per step for its share
 };
 TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup);
 

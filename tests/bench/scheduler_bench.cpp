@@ -2,11 +2,6 @@
 // policy sees the same machine state.
 #include "scheduler_bench.hpp"
 
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +9,7 @@
 #include <functional>
 #include <optional>
 
+#include "external_load.hpp"
 #include "opforge/device.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
@@ -22,32 +18,6 @@
 
 namespace opforge::cli {
 namespace {
-
-// Another process that keeps one core busy for its lifetime: the load the scheduler must notice.
-class ExternalLoad {
- public:
-  explicit ExternalLoad(int core) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Only async-signal-safe calls in the child of a threaded process.
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(core, &set);
-      sched_setaffinity(0, sizeof(set), &set);
-      for (uint64_t x = 0;; x++) asm volatile("" : "+r"(x));
-    }
-    OPFORGE_CHECK(pid_ > 0) << "bench --scheduler: cannot start the load process";
-  }
-  ~ExternalLoad() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  ExternalLoad(const ExternalLoad&) = delete;
-  ExternalLoad& operator=(const ExternalLoad&) = delete;
-
- private:
-  pid_t pid_ = -1;
-};
 
 // The stream: even items are matmuls of three sizes, odd items elementwise chains of three sizes.
 struct Inputs {
@@ -136,11 +106,7 @@ SchedulerBenchResult run_scheduler_bench(const SchedulerBenchOptions& o) {
   Inputs in;
   std::optional<ExternalLoad> load;
   if (o.external_load) {
-    // The loaded device's first core, from the spec ("0;1", "0-7;8-15") that made the devices.
-    std::string spec = std::getenv("OPFORGE_CPU_DEVICES");
-    size_t start = 0;
-    for (int d = 0; d < o.loaded_device; d++) start = spec.find(';', start) + 1;
-    load.emplace(std::atoi(spec.c_str() + start));
+    load.emplace(first_core_of(o.loaded_device));
   }
 
   // Warm-up: calibrates every bucket on both devices (the model is shared by all policies).

@@ -53,7 +53,10 @@ uint64_t memory_reserved(const Device& d);
 // Gives the allocator's cached blocks on `d` back to the driver.
 void empty_cache(const Device& d);
 // Caps the GPU memory this process may hold on `d` at a fraction of the device's (PyTorch's
-// set_per_process_memory_fraction); an allocation beyond it raises an OutOfMemoryError.
+// set_per_process_memory_fraction); an allocation beyond it raises an OutOfMemoryError. On a CPU
+// device (cpu, cpu:N) it caps the host memory of the tensors made while it is a thread's default
+// device, from then until they are freed, at that fraction of the machine's memory: a logical
+// device's share of memory, as data-parallel training meets it with micro-batches.
 void set_memory_fraction(const Device& d, double fraction);
 
 // Utilization in percent: CPU from /proc/stat over a 50 ms window, CUDA from NVML.

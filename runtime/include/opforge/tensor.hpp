@@ -94,6 +94,10 @@ class Tensor {
   // The same address, for reading only: copies on GPU devices stay valid (PyTorch's
   // const_data_ptr).
   const void* const_data() const;
+  // Waits for the queued calls that use this tensor and raises the error of the one that wrote
+  // it if that failed, as reading it would, without copying it anywhere (a device's share of a
+  // data-parallel step is timed up to its gradients).
+  void wait() const;
   template <class T>
   T* data_ptr() const {
     check_type(dtype_of_v<T>);

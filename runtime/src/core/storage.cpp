@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/host_caps.hpp"
 #include "devices/gpu_memory.hpp"
 #include "opforge/error.hpp"
 
@@ -129,12 +130,14 @@ Storage::~Storage() {
   }
   for (const Copy& c : copies_) c.mem->release(c.block);
   if (void* p = ptr.load()) host_free(p, capacity);
+  if (charged_to >= 0) detail::uncharge_host_allocation(charged_to, capacity);
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes) {
   auto s = std::make_shared<Storage>();
   s->bytes = bytes;
   s->capacity = detail::size_class(bytes);
+  s->charged_to = detail::charge_host_allocation(s->capacity);
   s->ptr = host_alloc(s->capacity);
   return s;
 }

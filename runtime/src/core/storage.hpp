@@ -28,6 +28,7 @@ struct Storage {
   std::atomic<void*> ptr{nullptr};
   size_t bytes = 0;     // requested
   size_t capacity = 0;  // of the host block, a size class
+  int charged_to = -1;  // the capped CPU device its host block counts against (host_caps.hpp)
   // In-place writes so far (autograd's version counter: a saved tensor written since is stale).
   std::atomic<uint32_t> version{0};
   ~Storage();

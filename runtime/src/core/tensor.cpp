@@ -223,6 +223,11 @@ void* Tensor::data() const {
   return p;
 }
 
+void Tensor::wait() const {
+  OPFORGE_CHECK(storage_) << "wait: tensor is undefined (default-constructed)";
+  storage_->sync();
+}
+
 const void* Tensor::const_data() const {
   OPFORGE_CHECK(storage_) << "tensor is undefined (default-constructed)";
   storage_->sync();  // the host sees memory only after the device work that uses it is done

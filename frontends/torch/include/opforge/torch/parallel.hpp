@@ -1,0 +1,72 @@
+// Data-parallel training over the devices of one process: each step's batch is split among the
+// devices in proportion to their measured throughput (opforge/batch_split.hpp), each device runs
+// the forward and backward pass of its share on a thread of its own, and the gradients are summed
+// into the module's parameters. The parameters are the module's own: devices whose tensors live
+// in host memory (the logical CPU devices) read them in place, GPU devices keep copies that the
+// storage refreshes after each optimiser step, so the replicas cannot drift apart.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "opforge/batch_split.hpp"
+#include "opforge/device.hpp"
+#include "opforge/torch/nn.hpp"
+
+namespace opforge::torch::nn {
+
+// Unlike torch.nn.DataParallel, whose backward runs through the autograd engine's device threads,
+// each device here runs its share's backward on its own thread in forward_backward(); forward()
+// alone serves evaluation.
+class DataParallel {
+ public:
+  // A loss that reduces by mean over its share (CrossEntropyLoss, MSELoss with the default
+  // reduction): the shares' losses, weighted by their sizes, add up to the whole batch's.
+  using Criterion = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+  // Devices in the order their gradients are summed (so a run is reproducible); each must exist
+  // and appear once. Devices start with shares in proportion to their cores (CPU) or equal.
+  DataParallel(std::shared_ptr<Module> module, std::vector<Device> devices,
+               ThroughputSplit::Options options = {});
+
+  // One step's forward and backward pass: input and target split along dim 0, each device's
+  // share on its thread, its loss scaled by its share of the batch; every parameter's gradient
+  // summed over the devices and added into its grad(), as backward() would (a device short of
+  // memory runs its share in micro-batches, below). Returns the batch's loss (detached). An error
+  // in a device's share is raised naming the device, after every share has finished; no gradient is
+  // added then.
+  Tensor forward_backward(const Tensor& input, const Tensor& target, const Criterion& criterion);
+
+  // The module on each device's share, the outputs concatenated along dim 0 on the host.
+  Tensor forward(const Tensor& input);
+
+  Module& module() { return *module_; }
+  const std::vector<Device>& devices() const { return devices_; }
+  // The samples each device ran in the last step and the seconds it took.
+  const std::vector<int64_t>& last_split() const { return last_split_; }
+  const std::vector<double>& last_seconds() const { return last_seconds_; }
+  const ThroughputSplit& throughput() const { return split_; }
+  // Samples per micro-batch on each device; 0: its whole share at once. A share that runs out of
+  // memory (OutOfMemoryError: a GPU's memory, or a cap set with set_memory_fraction) is run again
+  // in micro-batches of half the size, as often as needed, their gradients added up: the step's
+  // result is the same. After `wait` steps without running out (8 at first, twice as many after a
+  // failed try) the micro-batch doubles, up to the whole share.
+  std::vector<int64_t> micro_batch_sizes() const;
+
+ private:
+  struct MicroBatch {
+    int64_t size = 0;
+    int calm = 0, wait = 8;
+    bool grew = false;
+    void after_step(int64_t share, bool ran_out);
+  };
+  void check_module() const;
+  std::shared_ptr<Module> module_;
+  std::vector<Device> devices_;
+  ThroughputSplit split_;
+  std::vector<int64_t> last_split_;
+  std::vector<double> last_seconds_;
+  std::vector<MicroBatch> micro_;
+};
+
+}  // namespace opforge::torch::nn

@@ -1,0 +1,235 @@
+// DataParallel: the batch split by measured throughput, a thread per device, gradients summed in
+// device order.
+#include "opforge/torch/parallel.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <sstream>
+#include <thread>
+
+#include "opforge/autograd.hpp"
+
+namespace opforge::torch::nn {
+namespace {
+// Where shares start: CPU devices by their cores, other devices as the largest CPU device.
+std::vector<double> initial_rates(const std::vector<Device>& devs) {
+  OPFORGE_CHECK(!devs.empty()) << "DataParallel: no devices given";
+  std::vector<double> rates(devs.size(), 0);
+  double largest_cpu = 1;
+  for (size_t i = 0; i < devs.size(); i++)
+    for (const DeviceInfo& info : opforge::devices())
+      if (info.device == devs[i] && devs[i].kind == DeviceKind::cpu) {
+        rates[i] = std::max(1, info.cores);
+        largest_cpu = std::max(largest_cpu, rates[i]);
+      }
+  for (double& r : rates)
+    if (r == 0) r = largest_cpu;
+  return rates;
+}
+
+// Something a share changes as it runs: training-mode Dropout draws from one generator and
+// BatchNorm updates its running statistics, which threads would do at once.
+const Module* shared_state(const Module& m) {
+  if (m.is_training() && (m.name() == "Dropout" || !m.named_buffers(false).empty())) return &m;
+  for (const auto& [name, child] : m.named_children())
+    if (const Module* found = shared_state(*child)) return found;
+  return nullptr;
+}
+
+// Runs body(i, begin, count) for each device's share, device 0's on the calling thread, and
+// raises the first error (by device order) once every share is done.
+template <class Body>
+void for_each_share(const std::vector<Device>& devs, const std::vector<int64_t>& split, Body body,
+                    const char* part = "share") {
+  std::vector<std::exception_ptr> errors(devs.size());
+  auto run = [&](size_t i, int64_t begin) {
+    if (split[i] == 0) return;
+    try {
+      DefaultDevice on(devs[i]);
+      body(i, begin, split[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  int64_t begin = split[0];
+  for (size_t i = 1; i < devs.size(); begin += split[i], i++) threads.emplace_back(run, i, begin);
+  run(0, 0);
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < devs.size(); i++) {
+    if (!errors[i]) continue;
+    std::ostringstream where;
+    where << "DataParallel: the " << part << " of " << devs[i].str();
+    if (std::string(part) == "share") where << " (" << split[i] << " samples)";
+    where << " failed: ";
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(where.str() + e.what());
+    } catch (const std::exception& e) {
+      throw Error(where.str() + e.what());
+    }
+  }
+}
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> devices,
+                           ThroughputSplit::Options options)
+    : module_(std::move(module)),
+      devices_(std::move(devices)),
+      split_(initial_rates(devices_), options),
+      micro_(devices_.size()) {
+  OPFORGE_CHECK(module_) << "DataParallel: the module is null";
+  for (size_t i = 0; i < devices_.size(); i++) {
+    OPFORGE_CHECK(device_exists(devices_[i]))
+        << "DataParallel: no device " << devices_[i].str() << " on this machine";
+    for (size_t j = 0; j < i; j++)
+      OPFORGE_CHECK(!(devices_[j] == devices_[i]))
+          << "DataParallel: " << devices_[i].str() << " is given twice";
+  }
+}
+
+void DataParallel::MicroBatch::after_step(int64_t share, bool ran_out) {
+  if (ran_out) {
+    // Out of memory right after growing: wait twice as long before the next try.
+    if (grew) wait = std::min(wait * 2, 1024);
+    grew = false;
+    calm = 0;
+    return;
+  }
+  grew = false;
+  if (size == 0) return;
+  if (size >= share) {  // the share itself shrank to fit
+    size = 0;
+    return;
+  }
+  if (++calm < wait) return;
+  calm = 0;
+  size *= 2;
+  grew = true;
+  if (size >= share) size = 0;
+}
+
+std::vector<int64_t> DataParallel::micro_batch_sizes() const {
+  std::vector<int64_t> out;
+  for (const MicroBatch& m : micro_) out.push_back(m.size);
+  return out;
+}
+
+void DataParallel::check_module() const {
+  if (const Module* m = shared_state(*module_))
+    throw Error("DataParallel: the module has a " + m->name() +
+                " layer in training mode, whose state (random draws, running statistics) every "
+                "device's share would change at once; DataParallel trains modules without "
+                "Dropout and BatchNorm, or evaluates any module (eval())");
+}
+
+Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
+                                      const Criterion& criterion) {
+  OPFORGE_CHECK(input.defined() && target.defined() && input.dim() >= 1 && target.dim() >= 1)
+      << "DataParallel: input and target must be tensors with a batch dimension";
+  const int64_t batch = input.size(0);
+  OPFORGE_CHECK(target.size(0) == batch)
+      << "DataParallel: the input has " << batch << " samples, the target " << target.size(0);
+  OPFORGE_CHECK(batch > 0) << "DataParallel: an empty batch";
+  check_module();
+  const std::vector<Tensor> params = [&] {
+    std::vector<Tensor> p;
+    for (const Tensor& t : module_->parameters())
+      if (t.requires_grad()) p.push_back(t);
+    return p;
+  }();
+  const size_t n = devices_.size();
+  std::vector<int64_t> split = split_.split(batch);
+  std::vector<std::vector<Tensor>> grads(n);
+  std::vector<Tensor> losses(n);
+  std::vector<double> seconds(n, 0);
+  for_each_share(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
+    auto start = std::chrono::steady_clock::now();
+    autograd::GradModeGuard grad_on(true);
+    // A micro-batch's gradients, added to the share's only once all of them are there: one that
+    // runs out of memory halfway is run again, smaller, and must not count twice.
+    auto micro_batch = [&](int64_t at, int64_t m) {
+      Tensor out = (*module_)(input.slice(0, at, at + m));
+      Tensor loss = criterion(out, target.slice(0, at, at + m));
+      OPFORGE_CHECK(loss.numel() == 1) << "the criterion gave a loss of shape "
+                                       << shape_str(loss.shape()) << ", expected a single value";
+      loss = mul(loss, double(m) / double(batch));
+      std::vector<Tensor> g;
+      if (!params.empty()) g = autograd::grad({loss}, params, {}, false, true);
+      if (!grads[i].empty())
+        for (size_t j = 0; j < g.size(); j++)
+          if (grads[i][j].defined()) g[j] = g[j].defined() ? add(grads[i][j], g[j]) : grads[i][j];
+      for (const Tensor& t : g)
+        if (t.defined()) t.wait();
+      loss = loss.detach();
+      if (losses[i].defined()) loss = add(losses[i], loss);
+      loss.wait();
+      grads[i] = std::move(g);
+      losses[i] = std::move(loss);
+    };
+    MicroBatch& mb = micro_[i];
+    bool ran_out = false;
+    for (int64_t done = 0; done < count;) {
+      const int64_t m = mb.size > 0 ? std::min(mb.size, count - done) : count - done;
+      try {
+        micro_batch(begin + done, m);
+      } catch (const OutOfMemoryError&) {
+        if (m == 1) throw;  // not even one sample fits
+        mb.size = (m + 1) / 2;
+        ran_out = true;
+        continue;
+      }
+      done += m;
+    }
+    mb.after_step(count, ran_out);
+    seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  split_.record(split, seconds);
+  last_split_ = split;
+  last_seconds_ = seconds;
+
+  // The gradients' sum, in device order. Issued from this thread, its calls are queued where
+  // placement finds room (the least loaded device first): summing on every device's thread at
+  // once, each its part of the rows, measured slower (the loaded device's part waited).
+  autograd::NoGradGuard no_grad;
+  for (size_t j = 0; j < params.size(); j++) {
+    Tensor total;
+    for (size_t i = 0; i < n; i++) {
+      if (grads[i].empty() || !grads[i][j].defined()) continue;
+      Tensor g = grads[i][j].to(params[j].device());
+      total = total.defined() ? add(total, g) : g;
+    }
+    if (!total.defined()) continue;
+    Tensor param = params[j], slot = param.grad();
+    if (slot.defined())
+      slot.add_(total);
+    else
+      param.set_grad(total.is_contiguous() ? total : total.contiguous());
+  }
+  Tensor loss;
+  for (const Tensor& l : losses)
+    if (l.defined()) loss = loss.defined() ? add(loss, l.cpu()) : l.cpu();
+  return loss;
+}
+
+Tensor DataParallel::forward(const Tensor& input) {
+  OPFORGE_CHECK(input.defined() && input.dim() >= 1)
+      << "DataParallel: the input must be a tensor with a batch dimension";
+  check_module();
+  const int64_t batch = input.size(0);
+  std::vector<int64_t> split = split_.split(batch);
+  std::vector<Tensor> outs(devices_.size());
+  const bool grad_mode = autograd::grad_enabled();
+  for_each_share(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
+    autograd::GradModeGuard same_mode(grad_mode);
+    outs[i] = (*module_)(input.slice(0, begin, begin + count)).cpu();
+  });
+  std::vector<Tensor> parts;
+  for (Tensor& o : outs)
+    if (o.defined()) parts.push_back(std::move(o));
+  return parts.size() == 1 ? parts[0] : concat(parts, 0);
+}
+
+}  // namespace opforge::torch::nn

@@ -1,0 +1,117 @@
+// Where `opforge train` runs its steps: the devices of --devices (data-parallel, nn::DataParallel)
+// or one module whose calls are placed one by one (or pinned with --device), and the logical CPU
+// devices --devices asks for.
+#pragma once
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "opforge/torch.hpp"
+#include "train.hpp"
+
+namespace opforge::cli {
+
+// The devices of --devices: a comma-separated list, or auto: every device that runs kernels but
+// those automatic placement leaves out (an OpenCL device on the host's own cores).
+std::vector<Device> device_list(const std::string& list);
+// "cpu:0 61.5% cpu:1 38.5%": each device's share of the samples.
+std::string split_str(const std::vector<Device>& devs, const std::vector<int64_t>& samples);
+
+// The model's training step on a batch: over the devices of --devices (DataParallel), or the
+// whole batch at once, its calls placed one by one (or on --device).
+class Stepper {
+ public:
+  Stepper(const TrainOptions& o, std::shared_ptr<torch::nn::Module> net)
+      : net_(std::move(net)), criterion_(o.label_smoothing) {
+    std::vector<Device> devs = o.devices.empty() ? std::vector<Device>{} : device_list(o.devices);
+    if (devs.size() > 1) {
+      ThroughputSplit::Options so;
+      so.fixed = o.fixed_split;
+      parallel_ = std::make_unique<torch::nn::DataParallel>(net_, devs, so);
+      samples_.assign(devs.size(), 0);
+      seconds_.assign(devs.size(), 0);
+    } else if (devs.size() == 1) {
+      scope_ = std::make_unique<DefaultDevice>(devs[0]);
+    } else if (o.device != "auto") {
+      scope_ = std::make_unique<DefaultDevice>(o.device);
+    }
+  }
+  // Forward and backward; returns the loss.
+  Tensor step(const Tensor& x, const Tensor& y) {
+    if (!parallel_) {
+      Tensor loss = criterion_((*net_)(x), y);
+      loss.backward();
+      return loss;
+    }
+    Tensor loss = parallel_->forward_backward(
+        x, y, [this](const Tensor& out, const Tensor& t) { return criterion_(out, t); });
+    for (size_t i = 0; i < samples_.size(); i++) {
+      samples_[i] += parallel_->last_split()[i];
+      seconds_[i] += parallel_->last_seconds()[i];
+    }
+    steps_++;
+    return loss;
+  }
+  bool parallel() const { return parallel_ != nullptr; }
+  std::string device_names() const {
+    std::ostringstream os;
+    for (const Device& d : parallel_->devices()) os << (os.tellp() > 0 ? ", " : "") << d.str();
+    return os.str();
+  }
+  // The last step's split, and the samples each device ran since reset().
+  std::string last_split() const {
+    return parallel_ ? split_str(parallel_->devices(), parallel_->last_split()) + micro_batches()
+                     : "";
+  }
+  // "cpu:1 16": the devices that run their share in micro-batches (out of memory), and their size.
+  std::string micro_batch_list() const {
+    if (!parallel_) return "";
+    std::ostringstream os;
+    std::vector<int64_t> m = parallel_->micro_batch_sizes();
+    for (size_t i = 0; i < m.size(); i++)
+      if (m[i] > 0)
+        os << (os.tellp() > 0 ? " " : "") << parallel_->devices()[i].str() << " " << m[i];
+    return os.str();
+  }
+  std::string micro_batches() const {
+    std::string list = micro_batch_list();
+    return list.empty() ? list : std::string(", micro-batches ").append(list);
+  }
+  std::string split_since_reset() const {
+    return parallel_ ? split_str(parallel_->devices(), samples_) : "";
+  }
+  std::vector<std::pair<std::string, double>> shares_since_reset() const {
+    std::vector<std::pair<std::string, double>> out;
+    if (!parallel_) return out;
+    int64_t total = 0;
+    for (int64_t n : samples_) total += n;
+    for (size_t i = 0; i < samples_.size(); i++)
+      out.emplace_back(parallel_->devices()[i].str(),
+                       double(samples_[i]) / double(std::max<int64_t>(total, 1)));
+    return out;
+  }
+  // Each device's mean milliseconds per step for its share since reset().
+  std::vector<double> share_ms_since_reset() const {
+    std::vector<double> out;
+    for (double sec : seconds_) out.push_back(1e3 * sec / double(std::max<int64_t>(steps_, 1)));
+    return out;
+  }
+  void reset() {
+    std::fill(samples_.begin(), samples_.end(), 0);
+    std::fill(seconds_.begin(), seconds_.end(), 0.0);
+    steps_ = 0;
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> net_;
+  torch::nn::CrossEntropyLoss criterion_;
+  std::unique_ptr<torch::nn::DataParallel> parallel_;
+  std::unique_ptr<DefaultDevice> scope_;
+  std::vector<int64_t> samples_;
+  std::vector<double> seconds_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace opforge::cli

@@ -1,0 +1,284 @@
+// Data-parallel training in one process: the throughput-proportional batch split, and
+// nn::DataParallel's gradients against one backward pass over the whole batch (float64). With
+// OPFORGE_CPU_DEVICES="0;1" (ctest's ops_on_two_logical_devices run) the shares run on two logical
+// CPU devices at once; in the plain run on the one CPU device, and on cpu with PoCL's device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "opforge/batch_split.hpp"
+#include "opforge/opforge.hpp"
+#include "opforge/torch/nn.hpp"
+#include "opforge/torch/optim.hpp"
+#include "opforge/torch/parallel.hpp"
+
+namespace {
+using namespace opforge;
+using namespace opforge::torch;
+
+int64_t total(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+TEST(ThroughputSplit, SharesFollowTheRates) {
+  ThroughputSplit s({3.0, 1.0});
+  EXPECT_EQ(s.split(128), (std::vector<int64_t>{96, 32}));
+  ThroughputSplit three({1.0, 1.0, 1.0});
+  std::vector<int64_t> t = three.split(100);
+  EXPECT_EQ(total(t), 100);
+  for (int64_t k : t) EXPECT_TRUE(k == 33 || k == 34) << k;
+  // Every device keeps at least one sample to be measured by, however slow it is.
+  ThroughputSplit skewed({1000.0, 1.0});
+  EXPECT_EQ(skewed.split(10), (std::vector<int64_t>{9, 1}));
+  // Fewer samples than devices: the fastest get one each.
+  ThroughputSplit few({1.0, 5.0, 3.0});
+  EXPECT_EQ(few.split(2), (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(few.split(0), (std::vector<int64_t>{0, 0, 0}));
+}
+
+TEST(ThroughputSplit, ConvergesWithoutOscillatingAndFollowsALoadChange) {
+  // Two devices that truly run 1200 and 400 samples/s (measured with +-10% noise), started as
+  // equals: the split settles near 3:1 and stays there, then follows device 1 becoming twice as
+  // fast within a few steps.
+  ThroughputSplit s({1.0, 1.0});
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> noise(0.9, 1.1);
+  double truth[2] = {1200, 400};
+  std::vector<int64_t> split;
+  int changes = 0;
+  auto step = [&] {
+    std::vector<int64_t> next = s.split(256);
+    EXPECT_EQ(total(next), 256);
+    changes += !split.empty() && next != split;
+    split = next;
+    s.record(split,
+             {double(split[0]) / truth[0] * noise(rng), double(split[1]) / truth[1] * noise(rng)});
+  };
+  for (int i = 0; i < 10; i++) step();
+  EXPECT_NEAR(double(split[0]) / 256, 0.75, 0.05) << split[0] << " " << split[1];
+  changes = 0;
+  for (int i = 0; i < 40; i++) step();
+  EXPECT_NEAR(double(split[0]) / 256, 0.75, 0.05);
+  EXPECT_LE(changes, 10) << "the split changed in " << changes << " of 40 steps of noise alone";
+  truth[1] = 1200;
+  for (int i = 0; i < 5; i++) step();
+  EXPECT_NEAR(double(split[0]) / 256, 0.5, 0.08) << split[0] << " " << split[1];
+}
+
+TEST(ThroughputSplit, RefusesBadInput) {
+  EXPECT_THROW(ThroughputSplit({}), Error);
+  EXPECT_THROW(ThroughputSplit({1.0, 0.0}), Error);
+  EXPECT_THROW(ThroughputSplit({1.0, NAN}), Error);
+  ThroughputSplit s({1.0, 1.0});
+  EXPECT_THROW(s.split(-1), Error);
+  EXPECT_THROW(s.record({1}, {1.0, 1.0}), Error);
+  // A time that is not a positive finite number leaves the estimate as it was.
+  s.record({10, 10}, {0.0, NAN});
+  EXPECT_EQ(s.rates(), (std::vector<double>{1.0, 1.0}));
+}
+
+// The devices to split over: both logical CPU devices where they are configured, else the CPU.
+std::vector<Device> cpu_devices() {
+  std::vector<Device> out;
+  for (const DeviceInfo& d : devices())
+    if (d.device.kind == DeviceKind::cpu) out.push_back(d.device);
+  return out;
+}
+
+std::shared_ptr<nn::Sequential> small_net(uint64_t seed) {
+  Generator g(seed);
+  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(12, 16, true, DType::Float64, g), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 5, true, DType::Float64, g)});
+}
+
+struct Batch {
+  Tensor x, y;
+};
+Batch batch(int64_t n, uint64_t seed, int64_t features = 12) {
+  Generator g(seed);
+  Tensor x = sub(mul(Tensor::rand({n, features}, DType::Float64, g), 4.0), 2.0);
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) labels[size_t(i)] = (i * 7 + int64_t(seed)) % 5;
+  return {x, Tensor::from_vector(labels)};
+}
+
+void expect_same_gradients(const std::vector<Device>& devs) {
+  auto net = small_net(3);
+  nn::CrossEntropyLoss criterion;
+  Batch b = batch(37, 5);
+  Tensor loss = criterion((*net)(b.x), b.y);
+  loss.backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : net->parameters()) want.push_back(p.grad().to_vector<double>());
+  net->zero_grad();
+
+  nn::DataParallel dp(net, devs);
+  Tensor dp_loss = dp.forward_backward(b.x, b.y, criterion);
+  EXPECT_EQ(total(dp.last_split()), 37);
+  for (size_t i = 0; i < devs.size(); i++)
+    EXPECT_GT(dp.last_split()[i], 0) << devs[i].str() << " ran none of the batch";
+  EXPECT_NEAR(dp_loss.item(), loss.item(), 1e-12);
+  std::vector<Tensor> params = net->parameters();
+  for (size_t j = 0; j < params.size(); j++) {
+    std::vector<double> got = params[j].grad().to_vector<double>();
+    ASSERT_EQ(got.size(), want[j].size());
+    for (size_t k = 0; k < got.size(); k++)
+      ASSERT_NEAR(got[k], want[j][k], 1e-12 + 1e-10 * std::abs(want[j][k]))
+          << "parameter " << j << " element " << k;
+  }
+  // A second step adds into grad(), as backward() does.
+  dp.forward_backward(b.x, b.y, criterion);
+  std::vector<double> twice = params[0].grad().to_vector<double>();
+  for (size_t k = 0; k < twice.size(); k++)
+    ASSERT_NEAR(twice[k], 2 * want[0][k], 1e-12 + 1e-10 * std::abs(want[0][k]));
+}
+
+TEST(DataParallel, GradientsEqualOneBackwardOverTheWholeBatch) {
+  expect_same_gradients(cpu_devices());
+}
+
+TEST(DataParallel, GradientsEqualOneBackwardWithAnOpenClDevice) {
+  if (!device_exists(Device{DeviceKind::opencl, 0})) GTEST_SKIP() << "no OpenCL device";
+  std::vector<Device> devs = {cpu_devices()[0], Device{DeviceKind::opencl, 0}};
+  expect_same_gradients(devs);
+}
+
+TEST(DataParallel, TrainingMatchesOneDevice) {
+  // Ten SGD steps with momentum over the devices give the parameters of ten steps on the whole
+  // batch (float64: to rounding).
+  auto single = small_net(9), parallel = small_net(9);
+  optim::SGDOptions o{.lr = 0.1, .momentum = 0.9};
+  optim::SGD opt1(single->parameters(), o), opt2(parallel->parameters(), o);
+  nn::CrossEntropyLoss criterion;
+  nn::DataParallel dp(parallel, cpu_devices());
+  for (int step = 0; step < 10; step++) {
+    Batch b = batch(64, uint64_t(step));
+    opt1.zero_grad();
+    criterion((*single)(b.x), b.y).backward();
+    opt1.step();
+    opt2.zero_grad();
+    dp.forward_backward(b.x, b.y, criterion);
+    opt2.step();
+  }
+  std::vector<Tensor> a = single->parameters(), p = parallel->parameters();
+  for (size_t j = 0; j < a.size(); j++) {
+    std::vector<double> want = a[j].to_vector<double>(), got = p[j].to_vector<double>();
+    for (size_t k = 0; k < want.size(); k++)
+      ASSERT_NEAR(got[k], want[k], 1e-10 + 1e-9 * std::abs(want[k])) << j << " " << k;
+  }
+}
+
+// Caps a CPU device's memory for the scope, then lifts it (the cap is process-wide).
+class MemoryCap {
+ public:
+  MemoryCap(const Device& d, uint64_t bytes) : d_(d) { set(bytes); }
+  ~MemoryCap() { set_memory_fraction(d_, 1.0); }
+  void set(uint64_t bytes) {
+    set_memory_fraction(d_, double(bytes) / double(total_mem_on_dev(d_)));
+  }
+
+ private:
+  Device d_;
+};
+
+TEST(DataParallel, MicroBatchesWhereADeviceRunsOutOfMemory) {
+  std::vector<Device> devs = cpu_devices();
+  if (devs.size() < 2) GTEST_SKIP() << "needs two logical CPU devices (OPFORGE_CPU_DEVICES)";
+  // A wide hidden layer: 32 KiB a sample for each activation and its gradient, against about
+  // 1 MiB for the parameters' gradients (held three times while micro-batches add up).
+  Generator g(12);
+  auto net = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(4, 4096, true, DType::Float64, g), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(4096, 5, true, DType::Float64, g)});
+  nn::CrossEntropyLoss criterion;
+  Batch b = batch(96, 3, 4);
+  criterion((*net)(b.x), b.y).backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : net->parameters()) want.push_back(p.grad().to_vector<double>());
+
+  nn::DataParallel dp(net, devs);
+  MemoryCap cap(devs[1], uint64_t(3) << 20);  // the whole share (48 samples) needs about 6 MiB
+  net->zero_grad();
+  dp.forward_backward(b.x, b.y, criterion);
+  const int64_t micro = dp.micro_batch_sizes()[1];
+  EXPECT_GT(micro, 0) << "cpu:1 ran its share at once within the cap";
+  EXPECT_LT(micro, dp.last_split()[1]);
+  EXPECT_EQ(dp.micro_batch_sizes()[0], 0);
+  std::vector<Tensor> params = net->parameters();
+  for (size_t j = 0; j < params.size(); j++) {
+    std::vector<double> got = params[j].grad().to_vector<double>();
+    for (size_t k = 0; k < got.size(); k++)
+      ASSERT_NEAR(got[k], want[j][k], 1e-12 + 1e-10 * std::abs(want[j][k]))
+          << "micro-batches of " << micro << ": parameter " << j << " element " << k;
+  }
+  // With headroom again the micro-batch grows back to the whole share.
+  set_memory_fraction(devs[1], 1.0);
+  for (int step = 0; step < 60 && dp.micro_batch_sizes()[1] != 0; step++) {
+    net->zero_grad();
+    dp.forward_backward(b.x, b.y, criterion);
+  }
+  EXPECT_EQ(dp.micro_batch_sizes()[1], 0) << "still micro-batches of " << dp.micro_batch_sizes()[1];
+  // Not even one sample fits: an out-of-memory error naming the device.
+  cap.set(1024);
+  try {
+    dp.forward_backward(b.x, b.y, criterion);
+    ADD_FAILURE() << "no error within a 1 KiB cap";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find(devs[1].str()), std::string::npos) << e.what();
+  }
+}
+
+TEST(DataParallel, ForwardConcatenatesTheShares) {
+  auto net = small_net(4);
+  Batch b = batch(21, 2);
+  nn::DataParallel dp(net, cpu_devices());
+  autograd::NoGradGuard no_grad;
+  std::vector<double> want = (*net)(b.x).to_vector<double>(),
+                      got = dp.forward(b.x).to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); k++) ASSERT_NEAR(got[k], want[k], 1e-12);
+}
+
+TEST(DataParallel, RefusesWhatItCannotSplit) {
+  auto net = small_net(1);
+  EXPECT_THROW(nn::DataParallel(net, {}), Error);
+  EXPECT_THROW(nn::DataParallel(nullptr, cpu_devices()), Error);
+  EXPECT_THROW(nn::DataParallel(net, {cpu_devices()[0], cpu_devices()[0]}), Error);
+  nn::DataParallel dp(net, cpu_devices());
+  nn::CrossEntropyLoss criterion;
+  Batch b = batch(8, 1);
+  EXPECT_THROW(dp.forward_backward(b.x, b.y.slice(0, 0, 7), criterion), Error);
+  // Dropout in training mode would draw from one generator on several threads at once.
+  auto with_dropout =
+      std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+          std::make_shared<nn::Linear>(12, 5, true, DType::Float64),
+          std::make_shared<nn::Dropout>(0.5)});
+  nn::DataParallel dropout_dp(with_dropout, cpu_devices());
+  try {
+    dropout_dp.forward_backward(b.x, b.y, criterion);
+    ADD_FAILURE() << "Dropout in training mode was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Dropout"), std::string::npos) << e.what();
+  }
+  with_dropout->eval();
+  EXPECT_EQ(dropout_dp.forward(b.x).size(0), 8);
+  // An error in a device's share names the device, and no gradient is added.
+  auto failing = [&](const Tensor& out, const Tensor& y) -> Tensor {
+    if (default_device() == dp.devices().back()) throw Error("no loss here");
+    return criterion(out, y);
+  };
+  net->zero_grad();
+  try {
+    dp.forward_backward(b.x, b.y, failing);
+    ADD_FAILURE() << "the share's error was not raised";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dp.devices().back().str()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no loss here"), std::string::npos) << e.what();
+  }
+  for (const Tensor& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+}  // namespace
