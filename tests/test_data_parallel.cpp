@@ -67,6 +67,17 @@ TEST(ThroughputSplit, ConvergesWithoutOscillatingAndFollowsALoadChange) {
   EXPECT_NEAR(double(split[0]) / 256, 0.5, 0.08) << split[0] << " " << split[1];
 }
 
+TEST(ThroughputSplit, ADeviceLeavesAndTheOthersKeepTheirRates) {
+  ThroughputSplit s({3.0, 1.0, 1.0});
+  s.record(s.split(100), {0.2, 0.2, 0.2});  // 300, 100 and 100 samples/s
+  s.drop(1);
+  EXPECT_EQ(s.devices(), 2u);
+  EXPECT_EQ(s.split(100), (std::vector<int64_t>{75, 25}));
+  s.drop(0);
+  EXPECT_THROW(s.drop(0), Error);  // the last device stays
+  EXPECT_EQ(s.split(7), (std::vector<int64_t>{7}));
+}
+
 TEST(ThroughputSplit, RefusesBadInput) {
   EXPECT_THROW(ThroughputSplit({}), Error);
   EXPECT_THROW(ThroughputSplit({1.0, 0.0}), Error);
@@ -221,14 +232,21 @@ TEST(DataParallel, MicroBatchesWhereADeviceRunsOutOfMemory) {
     dp.forward_backward(b.x, b.y, criterion);
   }
   EXPECT_EQ(dp.micro_batch_sizes()[1], 0) << "still micro-batches of " << dp.micro_batch_sizes()[1];
-  // Not even one sample fits: an out-of-memory error naming the device.
+  // Not even one sample fits: alone, the device's share is an out-of-memory error naming it;
+  // beside another device, it leaves the split and the other runs its share.
   cap.set(1024);
+  nn::DataParallel alone(net, {devs[1]});
   try {
-    dp.forward_backward(b.x, b.y, criterion);
+    alone.forward_backward(b.x, b.y, criterion);
     ADD_FAILURE() << "no error within a 1 KiB cap";
   } catch (const OutOfMemoryError& e) {
     EXPECT_NE(std::string(e.what()).find(devs[1].str()), std::string::npos) << e.what();
   }
+  dp.forward_backward(b.x, b.y, criterion);
+  ASSERT_EQ(dp.dropped().size(), 1u);
+  EXPECT_EQ(dp.dropped()[0].first, devs[1]);
+  EXPECT_NE(dp.dropped()[0].second.find("out of memory"), std::string::npos);
+  EXPECT_EQ(dp.last_split()[0], 96);
 }
 
 TEST(DataParallel, ForwardConcatenatesTheShares) {
@@ -265,20 +283,58 @@ TEST(DataParallel, RefusesWhatItCannotSplit) {
   }
   with_dropout->eval();
   EXPECT_EQ(dropout_dp.forward(b.x).size(0), 8);
-  // An error in a device's share names the device, and no gradient is added.
-  auto failing = [&](const Tensor& out, const Tensor& y) -> Tensor {
-    if (default_device() == dp.devices().back()) throw Error("no loss here");
-    return criterion(out, y);
-  };
+  // An error that is not the device's (it happens wherever the share runs) names the device
+  // that met it first, no gradient is added, and every device stays.
+  auto failing = [&](const Tensor&, const Tensor&) -> Tensor { throw Error("no loss here"); };
+  const size_t devices_before = dp.devices().size();
   net->zero_grad();
   try {
     dp.forward_backward(b.x, b.y, failing);
     ADD_FAILURE() << "the share's error was not raised";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(dp.devices().back().str()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dp.devices()[0].str()), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("no loss here"), std::string::npos) << e.what();
   }
   for (const Tensor& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_EQ(dp.devices().size(), devices_before);
+  EXPECT_TRUE(dp.dropped().empty());
+}
+
+TEST(DataParallel, ADeviceThatFailsLeavesTheSplitAndTheStepGoesOn) {
+  std::vector<Device> devs = cpu_devices();
+  if (device_exists(Device{DeviceKind::opencl, 0})) devs.push_back(Device{DeviceKind::opencl, 0});
+  if (devs.size() < 2) GTEST_SKIP() << "needs two devices";
+  const Device lost = devs.back();
+  auto net = small_net(8);
+  nn::CrossEntropyLoss criterion;
+  Batch b = batch(40, 6);
+  criterion((*net)(b.x), b.y).backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : net->parameters()) want.push_back(p.grad().to_vector<double>());
+  net->zero_grad();
+  // The last device fails whatever it runs (as a device that is gone would).
+  auto on_a_lost_device = [&](const Tensor& out, const Tensor& y) -> Tensor {
+    if (default_device() == lost) throw Error("device lost");
+    return criterion(out, y);
+  };
+  nn::DataParallel dp(net, devs);
+  Tensor loss = dp.forward_backward(b.x, b.y, on_a_lost_device);
+  ASSERT_EQ(dp.dropped().size(), 1u);
+  EXPECT_EQ(dp.dropped()[0].first, lost);
+  EXPECT_NE(dp.dropped()[0].second.find("device lost"), std::string::npos);
+  EXPECT_EQ(dp.devices().size(), devs.size() - 1);
+  EXPECT_EQ(total(dp.last_split()), 40);
+  // Its share ran on another device: the step's gradients are the whole batch's.
+  std::vector<Tensor> params = net->parameters();
+  for (size_t j = 0; j < params.size(); j++) {
+    std::vector<double> got = params[j].grad().to_vector<double>();
+    for (size_t k = 0; k < got.size(); k++)
+      ASSERT_NEAR(got[k], want[j][k], 1e-12 + 1e-10 * std::abs(want[j][k])) << j << " " << k;
+  }
+  // The next steps run on the devices left.
+  dp.forward_backward(b.x, b.y, on_a_lost_device);
+  EXPECT_EQ(total(dp.last_split()), 40);
+  EXPECT_EQ(dp.dropped().size(), 1u);
 }
 
 }  // namespace

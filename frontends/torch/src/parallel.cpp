@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -37,11 +38,11 @@ const Module* shared_state(const Module& m) {
   return nullptr;
 }
 
-// Runs body(i, begin, count) for each device's share, device 0's on the calling thread, and
-// raises the first error (by device order) once every share is done.
+// Runs body(i, begin, count) for each device's share, device 0's on the calling thread, each
+// pinned to its device; returns each one's error (null where it succeeded).
 template <class Body>
-void for_each_share(const std::vector<Device>& devs, const std::vector<int64_t>& split, Body body,
-                    const char* part = "share") {
+std::vector<std::exception_ptr> run_shares(const std::vector<Device>& devs,
+                                           const std::vector<int64_t>& split, Body body) {
   std::vector<std::exception_ptr> errors(devs.size());
   auto run = [&](size_t i, int64_t begin) {
     if (split[i] == 0) return;
@@ -57,19 +58,32 @@ void for_each_share(const std::vector<Device>& devs, const std::vector<int64_t>&
   for (size_t i = 1; i < devs.size(); begin += split[i], i++) threads.emplace_back(run, i, begin);
   run(0, 0);
   for (std::thread& t : threads) t.join();
-  for (size_t i = 0; i < devs.size(); i++) {
-    if (!errors[i]) continue;
-    std::ostringstream where;
-    where << "DataParallel: the " << part << " of " << devs[i].str();
-    if (std::string(part) == "share") where << " (" << split[i] << " samples)";
-    where << " failed: ";
-    try {
-      std::rethrow_exception(errors[i]);
-    } catch (const OutOfMemoryError& e) {
-      throw OutOfMemoryError(where.str() + e.what());
-    } catch (const std::exception& e) {
-      throw Error(where.str() + e.what());
-    }
+  return errors;
+}
+
+// Raises a share's error as an Error (or OutOfMemoryError) naming the device.
+[[noreturn]] void raise(const Device& d, int64_t samples, const std::exception_ptr& error,
+                        const std::string& more = "") {
+  std::ostringstream where;
+  where << "DataParallel: the share of " << d.str() << " (" << samples << " samples) failed" << more
+        << ": ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(where.str() + e.what());
+  } catch (const std::exception& e) {
+    throw Error(where.str() + e.what());
+  }
+  throw Error(where.str() + "an unknown exception");
+}
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
   }
 }
 }  // namespace
@@ -111,6 +125,21 @@ void DataParallel::MicroBatch::after_step(int64_t share, bool ran_out) {
   if (size >= share) size = 0;
 }
 
+void DataParallel::drop(size_t i, const std::string& why) {
+  std::ostringstream warning;
+  warning << "opforge: warning: DataParallel: " << devices_[i].str() << " failed (" << why
+          << ") and leaves the split; the run goes on over";
+  for (size_t k = 0, listed = 0; k < devices_.size(); k++)
+    if (k != i) warning << (listed++ ? ", " : " ") << devices_[k].str();
+  std::cerr << warning.str() << std::endl;
+  dropped_.push_back({devices_[i], why});
+  devices_.erase(devices_.begin() + std::ptrdiff_t(i));
+  micro_.erase(micro_.begin() + std::ptrdiff_t(i));
+  last_split_.erase(last_split_.begin() + std::ptrdiff_t(i));
+  last_seconds_.erase(last_seconds_.begin() + std::ptrdiff_t(i));
+  split_.drop(i);
+}
+
 std::vector<int64_t> DataParallel::micro_batch_sizes() const {
   std::vector<int64_t> out;
   for (const MicroBatch& m : micro_) out.push_back(m.size);
@@ -145,7 +174,9 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   std::vector<std::vector<Tensor>> grads(n);
   std::vector<Tensor> losses(n);
   std::vector<double> seconds(n, 0);
-  for_each_share(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
+  // Share i's passes on the calling thread's device (its own, or another that takes over a
+  // failed share), with device `on`'s micro-batch size.
+  auto share = [&](size_t i, int64_t begin, int64_t count, size_t on) {
     auto start = std::chrono::steady_clock::now();
     autograd::GradModeGuard grad_on(true);
     // A micro-batch's gradients, added to the share's only once all of them are there: one that
@@ -169,7 +200,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       grads[i] = std::move(g);
       losses[i] = std::move(loss);
     };
-    MicroBatch& mb = micro_[i];
+    MicroBatch& mb = micro_[on];
     bool ran_out = false;
     for (int64_t done = 0; done < count;) {
       const int64_t m = mb.size > 0 ? std::min(mb.size, count - done) : count - done;
@@ -184,10 +215,43 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       done += m;
     }
     mb.after_step(count, ran_out);
-    seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  });
+    if (on == i)
+      seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<std::exception_ptr> errors = run_shares(
+      devices_, split, [&](size_t i, int64_t begin, int64_t count) { share(i, begin, count, i); });
+  // A failed share runs again on the first device that succeeded: if it passes there, its own
+  // device was at fault and leaves the split (below); if not, the error is the step's own (the
+  // data, the module, the criterion) and is raised, no gradient added.
+  std::vector<size_t> failed;
+  size_t healthy = n;
+  for (size_t i = 0; i < n; i++) {
+    if (errors[i])
+      failed.push_back(i);
+    else if (healthy == n && split[i] > 0)
+      healthy = i;
+  }
+  for (size_t i : failed) {
+    if (healthy == n) raise(devices_[i], split[i], errors[i]);
+    grads[i].clear();
+    losses[i] = Tensor();
+    int64_t begin = 0;
+    for (size_t k = 0; k < i; k++) begin += split[k];
+    try {
+      DefaultDevice on(devices_[healthy]);
+      share(i, begin, split[i], healthy);
+    } catch (...) {
+      std::ostringstream again;
+      again << " (and again on " << devices_[healthy].str() << ", so not for the device's sake)";
+      raise(devices_[i], split[i], errors[i], again.str());
+    }
+  }
   split_.record(split, seconds);
   last_split_ = split;
+  for (size_t i : failed) {  // what each device ran
+    last_split_[healthy] += split[i];
+    last_split_[i] = 0;
+  }
   last_seconds_ = seconds;
 
   // The gradients' sum, in device order. Issued from this thread, its calls are queued where
@@ -211,6 +275,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   Tensor loss;
   for (const Tensor& l : losses)
     if (l.defined()) loss = loss.defined() ? add(loss, l.cpu()) : l.cpu();
+  for (auto it = failed.rbegin(); it != failed.rend(); ++it) drop(*it, what_of(errors[*it]));
   return loss;
 }
 
@@ -222,10 +287,13 @@ Tensor DataParallel::forward(const Tensor& input) {
   std::vector<int64_t> split = split_.split(batch);
   std::vector<Tensor> outs(devices_.size());
   const bool grad_mode = autograd::grad_enabled();
-  for_each_share(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
-    autograd::GradModeGuard same_mode(grad_mode);
-    outs[i] = (*module_)(input.slice(0, begin, begin + count)).cpu();
-  });
+  std::vector<std::exception_ptr> errors =
+      run_shares(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
+        autograd::GradModeGuard same_mode(grad_mode);
+        outs[i] = (*module_)(input.slice(0, begin, begin + count)).cpu();
+      });
+  for (size_t i = 0; i < devices_.size(); i++)
+    if (errors[i]) raise(devices_[i], split[i], errors[i]);
   std::vector<Tensor> parts;
   for (Tensor& o : outs)
     if (o.defined()) parts.push_back(std::move(o));

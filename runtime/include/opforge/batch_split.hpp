@@ -38,6 +38,8 @@ class ThroughputSplit {
   // The samples per second the split plans each device at: the inverse of its smoothed seconds
   // per sample (the initial rates until it is measured).
   const std::vector<double>& rates() const { return rates_; }
+  // Device i leaves the split (it failed); the others keep their estimates.
+  void drop(size_t i);
   // The share of a batch each device gets, from the rates (they add up to 1).
   std::vector<double> fractions() const;
 

@@ -89,6 +89,17 @@ std::vector<int64_t> ThroughputSplit::split(int64_t batch) {
   return current_;
 }
 
+void ThroughputSplit::drop(size_t i) {
+  OPFORGE_CHECK(i < rates_.size() && rates_.size() > 1)
+      << "ThroughputSplit::drop: device " << i << " of " << rates_.size()
+      << " (the last device cannot leave)";
+  const auto at = std::ptrdiff_t(i);
+  rates_.erase(rates_.begin() + at);
+  per_sample_.erase(per_sample_.begin() + at);
+  measured_.erase(measured_.begin() + at);
+  current_.clear();
+}
+
 void ThroughputSplit::record(const std::vector<int64_t>& samples,
                              const std::vector<double>& seconds) {
   OPFORGE_CHECK(samples.size() == rates_.size() && seconds.size() == rates_.size())

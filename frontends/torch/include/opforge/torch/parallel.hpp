@@ -7,6 +7,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "opforge/batch_split.hpp"
@@ -32,9 +34,10 @@ class DataParallel {
   // One step's forward and backward pass: input and target split along dim 0, each device's
   // share on its thread, its loss scaled by its share of the batch; every parameter's gradient
   // summed over the devices and added into its grad(), as backward() would (a device short of
-  // memory runs its share in micro-batches, below). Returns the batch's loss (detached). An error
-  // in a device's share is raised naming the device, after every share has finished; no gradient is
-  // added then.
+  // memory runs its share in micro-batches, below). Returns the batch's loss (detached).
+  // A share that fails runs again on a device whose share succeeded: if it passes there, the
+  // failed device leaves the split with a warning (dropped()) and the run goes on; if not, the
+  // error is raised naming the device, and no gradient is added.
   Tensor forward_backward(const Tensor& input, const Tensor& target, const Criterion& criterion);
 
   // The module on each device's share, the outputs concatenated along dim 0 on the host.
@@ -52,6 +55,8 @@ class DataParallel {
   // result is the same. After `wait` steps without running out (8 at first, twice as many after a
   // failed try) the micro-batch doubles, up to the whole share.
   std::vector<int64_t> micro_batch_sizes() const;
+  // The devices that failed and left the split, with their errors.
+  const std::vector<std::pair<Device, std::string>>& dropped() const { return dropped_; }
 
  private:
   struct MicroBatch {
@@ -61,12 +66,14 @@ class DataParallel {
     void after_step(int64_t share, bool ran_out);
   };
   void check_module() const;
+  void drop(size_t i, const std::string& why);
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;
   ThroughputSplit split_;
   std::vector<int64_t> last_split_;
   std::vector<double> last_seconds_;
   std::vector<MicroBatch> micro_;
+  std::vector<std::pair<Device, std::string>> dropped_;
 };
 
 }  // namespace opforge::torch::nn
