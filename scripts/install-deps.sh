@@ -7,6 +7,7 @@ packages=(
   libhalide14-0-dev llvm-14-dev libboost-dev librange-v3-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libdnnl-dev libtorch-dev
   pocl-opencl-icd ocl-icd-opencl-dev zlib1g-dev libplplot-dev dataset-fashion-mnist
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -637,6 +637,9 @@ int run(int argc, char** argv) {
       "Data-parallel: each step's batch split over these devices in proportion to their "
       "measured speed, e.g. cpu:0,cpu:1,opencl:0, or auto (every device automatic placement "
       "uses); cpu:N split the cores evenly unless OPFORGE_CPU_DEVICES is set");
+  train_cmd->add_flag("--distributed", train.distributed,
+                      "Train as one rank of mpirun's (mpirun -np N opforge train --distributed): "
+                      "each rank on its part of every batch, gradients averaged with MPI");
   train_cmd->add_option("--data", train.data, "Folder with the Fashion-MNIST IDX files");
   train_cmd->add_option("--limit", train.limit, "Train on the first N training images only")
       ->check(CLI::PositiveNumber);

@@ -23,6 +23,7 @@
 #include "opforge/safetensors.hpp"
 #include "opforge/torch.hpp"
 #include "opforge/torch/data.hpp"
+#include "opforge/torch/distributed.hpp"
 #include "plot.hpp"
 #include "train_devices.hpp"
 
@@ -190,6 +191,24 @@ int run_train(const TrainOptions& o) {
       << "--device " << o.device << ": no such device here (opforge info lists them)";
   OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
       << "--device and --devices: give one or the other";
+  // --distributed: this process is one of mpirun's ranks, each training on its part of every
+  // batch, the gradients averaged; rank 0 prints and writes the run folder.
+  int rank = 0, world = 1;
+  if (o.distributed) {
+    distributed::init();
+    rank = distributed::rank();
+    world = distributed::world_size();
+    OPFORGE_CHECK(o.batch_size % world == 0)
+        << "--batch-size " << o.batch_size << " is the batch of all ranks together: it must divide "
+        << "by the " << world << " ranks";
+  }
+  const bool lead = rank == 0;
+  struct RestoreCout {
+    std::streambuf* buf;
+    ~RestoreCout() { std::cout.rdbuf(buf); }
+  } restore{std::cout.rdbuf()};
+  if (!lead) std::cout.rdbuf(nullptr);  // the other ranks' errors still reach stderr
+
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
   data::FashionMnist fm =
@@ -199,21 +218,34 @@ int run_train(const TrainOptions& o) {
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
   std::unique_ptr<optim::LambdaLR> schedule = make_schedule(o, *opt);
   Stepper stepper(o, net);
+  if (o.distributed) {
+    distributed::broadcast(net->parameters());
+    std::ostringstream agree;
+    agree << o.model << " " << train.size() << " " << o.batch_size;
+    for (const auto& [name, t] : net->named_parameters())
+      agree << " " << name << shape_str(t.shape());
+    distributed::check_same(std::hash<std::string>{}(agree.str()), "model, data or batch size");
+  }
 
   const fs::path dir = o.out.empty() ? default_run_folder(o.model) : o.out;
-  fs::create_directories(dir);
+  if (lead) fs::create_directories(dir);
   std::cout << "opforge train: " << o.model << ", " << train.size() << " training and "
             << fm.test.size() << " test images, batch " << o.batch_size << ", " << o.optimizer
             << " lr " << opt->lr() << (schedule ? " (" + o.lr_schedule + " schedule)" : "") << ", "
             << o.epochs << " epoch(s)"
             << (stepper.parallel() ? ", data-parallel over " + stepper.device_names() : "")
+            << (o.distributed ? ", " + std::to_string(world) + " rank(s) of mpirun" : "")
             << "; run folder " << dir.string() << "\n";
-  std::ofstream csv(dir / "metrics.csv");
-  csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares,batch_split,"
-         "micro_batches\n";
+  std::ofstream csv;
+  if (lead) {
+    csv.open(dir / "metrics.csv");
+    csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares,batch_split,"
+           "micro_batches\n";
+  }
   std::vector<double> losses, accuracies;
 
-  data::DataLoader loader(train, o.batch_size, true, o.seed);
+  data::DataLoader loader(train, o.batch_size / world, true, o.seed);
+  if (world > 1) loader.shard(rank, world);
   Progress progress(o.epochs, loader.batches_per_epoch());
   for (int64_t epoch = 0; epoch < o.epochs; epoch++) {
     auto calls_before = calls_per_device();
@@ -225,6 +257,13 @@ int run_train(const TrainOptions& o) {
     while (std::optional<data::Batch> b = loader.next()) {
       opt->zero_grad();
       Tensor loss = stepper.step(b->images, b->labels);
+      if (o.distributed) {  // the gradients' and the loss's means over the ranks
+        std::vector<Tensor> grads;
+        for (const Tensor& p : net->parameters()) grads.push_back(p.grad());
+        loss = loss.detach().clone();
+        grads.push_back(loss);
+        distributed::all_reduce_mean(grads);
+      }
       opt->step();
       double l = loss.item();
       // The step already changed the weights; those of the last finished epoch are on disk.
@@ -232,8 +271,8 @@ int run_train(const TrainOptions& o) {
           << "the loss became " << l << " at step " << b->index + 1 << " of epoch " << epoch + 1
           << "; training stopped (the weights and metrics of the last finished epoch are kept in "
           << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
-      loss_sum += l * double(b->labels.size(0));
-      seen += b->labels.size(0);
+      loss_sum += l * double(b->labels.size(0) * world);
+      seen += b->labels.size(0) * world;
       double elapsed = Seconds(std::chrono::steady_clock::now() - start).count();
       double rate = double(seen) / std::max(elapsed, 1e-9);
       progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
@@ -241,7 +280,7 @@ int run_train(const TrainOptions& o) {
     }
     progress.end_epoch();
     double seconds = Seconds(std::chrono::steady_clock::now() - start).count();
-    double acc = accuracy(*net, fm.test, 1000);
+    double acc = lead ? accuracy(*net, fm.test, 1000) : 0;
     std::string share = shares(calls_before, calls_per_device());
     losses.push_back(loss_sum / double(seen));
     accuracies.push_back(acc);
@@ -253,6 +292,8 @@ int run_train(const TrainOptions& o) {
                       ? "; batch split: " + stepper.split_since_reset() + stepper.micro_batches()
                       : "")
               << "\n";
+    if (schedule) schedule->step();
+    if (!lead) continue;
     // Each epoch's results are on disk before the next starts: a failed run keeps them.
     csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
         << double(seen) / seconds << "," << share << "," << stepper.split_since_reset() << ","
@@ -264,7 +305,6 @@ int run_train(const TrainOptions& o) {
                       {"input_mean", number(inputs.mean)},
                       {"input_std", number(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
-    if (schedule) schedule->step();
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;

@@ -24,8 +24,10 @@ struct TrainOptions {
   // (every device automatic placement uses); empty: one module, its calls placed one by one.
   std::string devices;
   bool fixed_split = false;  // the batch split by cores instead (a benchmark's baseline)
-  std::string data;          // empty: the Debian package's folder
-  std::string out;           // empty: runs/<model>-<date>-<time>
+  // One rank of mpirun's: --batch-size is then all ranks' batch, each rank training on its part.
+  bool distributed = false;
+  std::string data;  // empty: the Debian package's folder
+  std::string out;   // empty: runs/<model>-<date>-<time>
 };
 int run_train(const TrainOptions& o);
 // Before the runtime starts: when --devices names logical CPU devices (cpu:1, ...) and

@@ -139,8 +139,20 @@ DataLoader::~DataLoader() {
   worker_.join();
 }
 
+void DataLoader::shard(int rank, int world) {
+  OPFORGE_CHECK(world >= 1 && rank >= 0 && rank < world)
+      << "DataLoader::shard: rank " << rank << " of " << world << " processes";
+  OPFORGE_CHECK(d_.size() >= world) << "DataLoader::shard: " << d_.size()
+                                    << " samples cannot be shared by " << world << " processes";
+  std::lock_guard<std::mutex> lk(mu_);  // the worker reads them for batches_per_epoch()
+  rank_ = rank;
+  world_ = world;
+}
+
+int64_t DataLoader::samples_per_epoch() const { return (d_.size() + world_ - 1) / world_; }
+
 int64_t DataLoader::batches_per_epoch() const {
-  int64_t n = d_.size();
+  int64_t n = samples_per_epoch();
   return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
 }
 
@@ -157,6 +169,13 @@ void DataLoader::start_epoch(int64_t epoch) {
       std::swap((*order)[i - 1], (*order)[j]);
     }
   }
+  if (world_ > 1) {
+    auto mine = std::make_shared<std::vector<int64_t>>();
+    const size_t n = order->size();
+    for (size_t k = 0; k < size_t(samples_per_epoch()); k++)
+      mine->push_back((*order)[(size_t(rank_) + k * size_t(world_)) % n]);
+    order = std::move(mine);
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     order_ = std::move(order);
@@ -171,7 +190,7 @@ void DataLoader::start_epoch(int64_t epoch) {
 
 Batch DataLoader::gather(const std::vector<int64_t>& order, int64_t index) const {
   int64_t first = index * batch_size_;
-  int64_t n = std::min(batch_size_, d_.size() - first);
+  int64_t n = std::min(batch_size_, int64_t(order.size()) - first);
   Shape is = d_.images.shape();
   is[0] = n;
   Batch b{Tensor::empty(is, d_.images.dtype()), Tensor::empty({n}, d_.labels.dtype()), index};

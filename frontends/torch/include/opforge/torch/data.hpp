@@ -54,6 +54,14 @@ class DataLoader {
 
   // Starts epoch `epoch` (its order depends on seed and epoch only).
   void start_epoch(int64_t epoch);
+  // Makes this loader rank `rank` of `world` processes (PyTorch's DistributedSampler): each
+  // epoch's order, the same on every rank, is extended by its own start to a multiple of world
+  // and dealt out, rank r taking positions r, r + world, ...; batches are then made of this
+  // rank's part. With batch size B / world on each rank, batch k of the ranks together holds
+  // the samples of batch k of one process with batch size B. Takes effect at the next
+  // start_epoch().
+  void shard(int rank, int world);
+  int64_t samples_per_epoch() const;
   // The next batch of the epoch, or nullopt at its end. An error in the background thread is
   // raised here.
   std::optional<Batch> next();
@@ -69,6 +77,7 @@ class DataLoader {
   int64_t batch_size_;
   bool shuffle_, drop_last_;
   uint64_t seed_;
+  int rank_ = 0, world_ = 1;
   std::shared_ptr<const std::vector<int64_t>> order_;  // the epoch's; the worker holds a copy
 
   std::mutex mu_;

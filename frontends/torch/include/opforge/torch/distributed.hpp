@@ -1,0 +1,37 @@
+// Training over several processes and machines with OpenMPI (torch.distributed's role): ranks
+// started by `mpirun`, the initial parameters broadcast from rank 0, and gradients averaged with
+// MPI_Allreduce on host tensors, in buckets of about 25 MB that are all in flight at once. A build
+// without MPI (Debian's libopenmpi-dev) has available() false, and everything else raises an
+// Error that says so.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "opforge/tensor.hpp"
+
+namespace opforge::torch::distributed {
+
+// Whether this build has MPI.
+bool available();
+// Whether this process was started by mpirun (or another MPI launcher).
+bool launched();
+// Starts MPI once per process (later calls do nothing); MPI is finalized at exit. A process not
+// started by a launcher is a world of one.
+void init();
+int rank();
+int world_size();
+void barrier();
+
+// Copies root's tensors into every rank's (the same shapes and dtypes on every rank).
+void broadcast(const std::vector<Tensor>& tensors, int root = 0);
+// Replaces each tensor by its mean over the ranks, in place: float32 and float64 host tensors,
+// packed into buckets of at most bucket_bytes (one tensor larger than that is a bucket alone),
+// each reduced with a non-blocking MPI_Iallreduce, all in flight at once, in the same order on
+// every rank. Undefined tensors are skipped (every rank must skip the same ones).
+void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes = size_t(25) << 20);
+// Raises an Error naming the first rank whose `fingerprint` differs from rank 0's (a hash of what
+// must agree: the model's parameter shapes, the data's size), with `what` in the message.
+void check_same(uint64_t fingerprint, const char* what);
+
+}  // namespace opforge::torch::distributed

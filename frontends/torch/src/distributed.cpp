@@ -1,0 +1,180 @@
+// torch::distributed over OpenMPI's C API, or, in a build without it, errors that say so.
+#include "opforge/torch/distributed.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "opforge/autograd.hpp"
+#include "opforge/error.hpp"
+
+#ifdef OPFORGE_HAVE_MPI
+// The C API only: OpenMPI's deprecated C++ bindings do not compile cleanly with -Werror.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace opforge::torch::distributed {
+
+bool launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (const char* s = std::getenv(v); s && *s) return true;
+  return false;
+}
+
+#ifndef OPFORGE_HAVE_MPI
+
+bool available() { return false; }
+namespace {
+[[noreturn]] void missing() {
+  throw Error(
+      "this build of opforge has no MPI: install Debian's libopenmpi-dev and openmpi-bin "
+      "(scripts/install-deps.sh does) and build again");
+}
+}  // namespace
+void init() { missing(); }
+int rank() { missing(); }
+int world_size() { missing(); }
+void barrier() { missing(); }
+void broadcast(const std::vector<Tensor>&, int) { missing(); }
+void all_reduce_mean(const std::vector<Tensor>&, size_t) { missing(); }
+void check_same(uint64_t, const char*) { missing(); }
+
+#else
+
+bool available() { return true; }
+
+namespace {
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(std::string("distributed: ") + what + " failed: " + std::string(text, size_t(len)));
+}
+bool started() {
+  int on = 0;
+  MPI_Initialized(&on);
+  return on != 0;
+}
+void require_started(const char* what) {
+  OPFORGE_CHECK(started()) << "distributed: " << what << " before init()";
+}
+MPI_Datatype type_of(const Tensor& t) {
+  OPFORGE_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::Float64)
+      << "distributed: float32 and float64 tensors are reduced, got " << dtype_name(t.dtype());
+  return t.dtype() == DType::Float32 ? MPI_FLOAT : MPI_DOUBLE;
+}
+void check_host(const Tensor& t, const char* what) {
+  OPFORGE_CHECK(t.defined() && t.is_contiguous() && t.device().kind == DeviceKind::cpu)
+      << "distributed: " << what << " takes contiguous host tensors, got one of shape "
+      << shape_str(t.shape()) << " on " << t.device().str();
+}
+}  // namespace
+
+void init() {
+  if (started()) return;
+  int provided = 0;
+  // Only the thread that calls these functions talks to MPI.
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  // Errors come back as codes (raised as Errors here) rather than aborting every rank.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  std::atexit([] {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+  });
+}
+
+int rank() {
+  require_started("rank()");
+  int r = 0;
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &r), "MPI_Comm_rank");
+  return r;
+}
+
+int world_size() {
+  require_started("world_size()");
+  int n = 1;
+  check(MPI_Comm_size(MPI_COMM_WORLD, &n), "MPI_Comm_size");
+  return n;
+}
+
+void barrier() {
+  require_started("barrier()");
+  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+}
+
+void broadcast(const std::vector<Tensor>& tensors, int root) {
+  require_started("broadcast()");
+  for (const Tensor& t : tensors) {
+    check_host(t, "broadcast");
+    // data() waits for pending writes and marks the tensor written (GPU copies become stale).
+    void* p = t.data();
+    check(MPI_Bcast(p, int(t.numel()), type_of(t), root, MPI_COMM_WORLD), "MPI_Bcast");
+  }
+}
+
+void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
+  require_started("all_reduce_mean()");
+  OPFORGE_CHECK(bucket_bytes > 0) << "distributed: a bucket of 0 bytes";
+  const int world = world_size();
+  struct Bucket {
+    std::vector<Tensor> members;
+    std::vector<char> data;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::vector<Bucket> buckets;
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    check_host(t, "all_reduce_mean");
+    type_of(t);
+    const size_t bytes = size_t(t.numel()) * t.element_size();
+    bool fits = !buckets.empty() && buckets.back().members[0].dtype() == t.dtype() &&
+                buckets.back().data.size() + bytes <= bucket_bytes;
+    if (!fits) buckets.emplace_back();
+    Bucket& b = buckets.back();
+    const size_t at = b.data.size();
+    b.data.resize(at + bytes);
+    std::memcpy(b.data.data() + at, t.const_data(), bytes);
+    b.members.push_back(t);
+  }
+  // Every bucket in flight at once; MPI progresses them together.
+  for (Bucket& b : buckets) {
+    const Tensor& first = b.members[0];
+    const int count = int(b.data.size() / first.element_size());
+    check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), count, type_of(first), MPI_SUM,
+                         MPI_COMM_WORLD, &b.request),
+          "MPI_Iallreduce");
+  }
+  for (Bucket& b : buckets) {
+    check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    size_t at = 0;
+    for (const Tensor& t : b.members) {
+      const size_t bytes = size_t(t.numel()) * t.element_size();
+      void* dst = t.data();
+      std::memcpy(dst, b.data.data() + at, bytes);
+      at += bytes;
+      autograd::NoGradGuard no_grad;
+      Tensor(t).mul_(1.0 / double(world));
+    }
+  }
+}
+
+void check_same(uint64_t fingerprint, const char* what) {
+  const int n = world_size();
+  std::vector<unsigned long long> all(size_t(n), 0);
+  unsigned long long mine = fingerprint;
+  check(MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG,
+                      MPI_COMM_WORLD),
+        "MPI_Allgather");
+  for (int r = 1; r < n; r++)
+    OPFORGE_CHECK(all[size_t(r)] == all[0])
+        << "distributed: rank " << r << "'s " << what << " differs from rank 0's (every rank must "
+        << "run the same model on data of the same shapes)";
+}
+
+#endif
+
+}  // namespace opforge::torch::distributed
