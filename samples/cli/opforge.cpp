@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -442,6 +443,8 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
   o.batch_size = batch_size;
   if (isatty(STDERR_FILENO)) std::cerr << "running the data-parallel benchmark...\n";
   ParallelBenchResult r = run_parallel_bench(o);
+  const MpiScaling m = run_mpi_scaling(std::filesystem::read_symlink("/proc/self/exe").string(),
+                                       repeats, batch_size);
   auto run = [](const SplitRun& s) {
     Json split = Json::object();
     for (const auto& [dev, share] : s.split) split[dev] = share;
@@ -457,7 +460,13 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
                       {"loaded_device", "cpu:" + std::to_string(o.loaded_device)},
                       {"measured_split", run(r.measured)},
                       {"fixed_split", run(r.fixed)},
-                      {"ratio", r.ratio}}
+                      {"ratio", r.ratio},
+                      {"mpi_scaling", m.ran ? Json{{"one_process_one_core", m.one_process},
+                                                   {"two_ranks_one_core_each", m.two_ranks},
+                                                   {"efficiency", m.efficiency},
+                                                   {"allreduce_ms", m.allreduce_ms},
+                                                   {"step_ms", m.step_ms}}
+                                            : Json{{"missing", m.why_not}}}}
                      .dump(2)
               << '\n';
     return 0;
@@ -482,6 +491,20 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
   std::cout << "\nmeasured / fixed: " << fixed(r.ratio)
             << "x (target >= 1.3x, limit 1.5x)\nmedians of " << o.repeats
             << " alternated rounds of " << o.steps << " steps after " << o.warmup << "\n";
+  if (!m.ran) {
+    std::cout << "\nMPI scaling: not measured (" << m.why_not << ")\n";
+    return 0;
+  }
+  std::cout << "\ntrain_" << o.model << ", batch " << o.batch_size
+            << " in all: one process on one core against two MPI ranks of one core each\n\n";
+  Table s({"run", "samples/s"}, {false, true});
+  s.add({"1 process, 1 core", fixed(m.one_process, 0)});
+  s.add({"2 ranks (mpirun), 1 core each", fixed(m.two_ranks, 0)});
+  s.print(std::cout);
+  std::cout << "\nscaling efficiency: " << fixed(100 * m.efficiency, 1)
+            << "% (target >= 85%); one all-reduce of the gradients between the ranks "
+            << fixed(m.allreduce_ms, 3) << " ms, a step on one core " << fixed(m.step_ms, 2)
+            << " ms; medians of " << repeats << " alternated rounds\n";
   return 0;
 }
 
@@ -580,7 +603,8 @@ int run(int argc, char** argv) {
   bench->add_option("--repeats", repeats, "Timed repeats per benchmark; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  bool scheduler_flag = false, train_flag = false, distributed_flag = false;
+  bool scheduler_flag = false, train_flag = false, distributed_flag = false,
+       mpi_worker_flag = false;
   std::string peer_python;
   int64_t bench_batch = 128;
   bench->add_flag("--scheduler", scheduler_flag,
@@ -592,6 +616,10 @@ int run(int argc, char** argv) {
   bench->add_flag("--distributed", distributed_flag,
                   "Data-parallel training on two logical CPU devices, one core loaded by another "
                   "process: the batch split by measured throughput against the fixed split");
+  bench
+      ->add_flag("--mpi-worker", mpi_worker_flag,
+                 "Used by --distributed: time training steps as one rank of mpirun's (or alone)")
+      ->group("");
   bench->add_option(
       "--python", peer_python,
       "Python of the PyTorch peer (default: .venv/bin/python, else /usr/bin/python3)");
@@ -644,6 +672,20 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--limit", train.limit, "Train on the first N training images only")
       ->check(CLI::PositiveNumber);
   train_cmd->add_option("--out", train.out, "Run folder (default: runs/<model>-<date>-<time>)");
+  train_cmd
+      ->add_option("--checkpoint-every", train.checkpoint_every,
+                   "Write the run folder's checkpoint every N steps too (it is written at every "
+                   "epoch's end)")
+      ->check(CLI::PositiveNumber);
+  train_cmd
+      ->add_option("--resume", train.resume,
+                   "Go on with the run in this folder from its checkpoint (with the options it "
+                   "was started with)")
+      ->check(CLI::ExistingDirectory);
+  train_cmd
+      ->add_option("--max-steps", train.max_steps,
+                   "Stop after N steps, leaving a checkpoint to --resume from")
+      ->check(CLI::PositiveNumber);
 
   EvalOptions eval;
   CLI::App* eval_cmd = app.add_subcommand(
@@ -676,6 +718,7 @@ int run(int argc, char** argv) {
       return run_scheduler_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : SchedulerBenchOptions{}.repeats,
           argv);
+    if (*bench && mpi_worker_flag) return run_mpi_worker(bench_batch);
     if (*bench && distributed_flag)
       return run_parallel_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : ParallelBenchOptions{}.repeats,

@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/safetensors.hpp"
 #include "opforge/torch.hpp"
@@ -183,6 +184,37 @@ double accuracy(nn::Module& net, const data::Dataset& d, int64_t batch,
   net.train(was);
   return double(right) / double(std::max<int64_t>(d.size(), 1));
 }
+
+// A resumed run's metrics: the first `epochs` lines of its metrics.csv (the epochs its checkpoint
+// finished; a line written after the checkpoint is dropped, as that epoch runs again), their
+// losses and accuracies for the plot.
+void read_metrics(const fs::path& file, int64_t epochs, std::vector<double>& losses,
+                  std::vector<double>& accuracies) {
+  std::ifstream in(file);
+  OPFORGE_CHECK(in.good()) << "--resume: cannot read " << file.string();
+  std::string header, line;
+  std::getline(in, header);
+  std::vector<std::string> kept;
+  while (int64_t(kept.size()) < epochs && std::getline(in, line)) {
+    std::stringstream ss(line);
+    std::string epoch, loss, acc;
+    std::getline(ss, epoch, ',');
+    std::getline(ss, loss, ',');
+    std::getline(ss, acc, ',');
+    char* end1 = nullptr;
+    char* end2 = nullptr;
+    double l = std::strtod(loss.c_str(), &end1), a = std::strtod(acc.c_str(), &end2);
+    OPFORGE_CHECK(end1 && *end1 == 0 && end2 && *end2 == 0 && !loss.empty() && !acc.empty())
+        << file.string() << ": line " << kept.size() + 2 << " is not an epoch's metrics";
+    losses.push_back(l);
+    accuracies.push_back(a);
+    kept.push_back(line);
+  }
+  in.close();
+  std::ofstream out(file, std::ios::trunc);
+  out << header << "\n";
+  for (const std::string& k : kept) out << k << "\n";
+}
 }  // namespace
 
 int run_train(const TrainOptions& o) {
@@ -226,9 +258,24 @@ int run_train(const TrainOptions& o) {
       agree << " " << name << shape_str(t.shape());
     distributed::check_same(std::hash<std::string>{}(agree.str()), "model, data or batch size");
   }
+  std::unique_ptr<distributed::GradientReducer> reducer;
+  if (o.distributed) reducer = std::make_unique<distributed::GradientReducer>(net->parameters());
 
-  const fs::path dir = o.out.empty() ? default_run_folder(o.model) : o.out;
+  OPFORGE_CHECK(o.resume.empty() || o.out.empty() || fs::path(o.out) == fs::path(o.resume))
+      << "--resume " << o.resume << " goes on in that folder: --out " << o.out << " differs";
+  const fs::path dir = !o.resume.empty() ? fs::path(o.resume)
+                       : o.out.empty()   ? fs::path(default_run_folder(o.model))
+                                         : fs::path(o.out);
   if (lead) fs::create_directories(dir);
+  RunPosition start;
+  std::vector<double> losses, accuracies;
+  if (!o.resume.empty()) {
+    // The schedule stepped as far as the run had gone gives the rate the checkpoint holds.
+    RunPosition at = load_checkpoint(dir, o, *net, *opt);
+    for (int64_t e = 0; schedule && e < at.epoch; e++) schedule->step();
+    start = at;
+    if (lead) read_metrics(dir / "metrics.csv", at.epoch, losses, accuracies);
+  }
   std::cout << "opforge train: " << o.model << ", " << train.size() << " training and "
             << fm.test.size() << " test images, batch " << o.batch_size << ", " << o.optimizer
             << " lr " << opt->lr() << (schedule ? " (" + o.lr_schedule + " schedule)" : "") << ", "
@@ -237,32 +284,40 @@ int run_train(const TrainOptions& o) {
             << (o.distributed ? ", " + std::to_string(world) + " rank(s) of mpirun" : "")
             << "; run folder " << dir.string() << "\n";
   std::ofstream csv;
-  if (lead) {
+  if (lead && o.resume.empty()) {
     csv.open(dir / "metrics.csv");
     csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares,batch_split,"
            "micro_batches\n";
+  } else if (lead) {
+    csv.open(dir / "metrics.csv", std::ios::app);
   }
-  std::vector<double> losses, accuracies;
 
   data::DataLoader loader(train, o.batch_size / world, true, o.seed);
   if (world > 1) loader.shard(rank, world);
   Progress progress(o.epochs, loader.batches_per_epoch());
-  for (int64_t epoch = 0; epoch < o.epochs; epoch++) {
+  int64_t steps = 0;  // run by this process
+  for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
     auto calls_before = calls_per_device();
-    auto start = std::chrono::steady_clock::now();
+    auto start_time = std::chrono::steady_clock::now();
     loader.start_epoch(epoch);
     stepper.reset();
     double loss_sum = 0;
     int64_t seen = 0;
+    if (epoch == start.epoch && start.batches > 0) {  // resumed within this epoch
+      for (int64_t k = 0; k < start.batches; k++)
+        OPFORGE_CHECK(loader.next())
+            << "--resume: the checkpoint is " << start.batches << " batches into epoch "
+            << epoch + 1 << ", which has " << loader.batches_per_epoch();
+      loss_sum = start.loss_sum;
+      seen = start.seen;
+    }
     while (std::optional<data::Batch> b = loader.next()) {
       opt->zero_grad();
       Tensor loss = stepper.step(b->images, b->labels);
-      if (o.distributed) {  // the gradients' and the loss's means over the ranks
-        std::vector<Tensor> grads;
-        for (const Tensor& p : net->parameters()) grads.push_back(p.grad());
+      if (reducer) {  // the gradients' means (their buckets mostly in flight already), the loss's
+        reducer->finish();
         loss = loss.detach().clone();
-        grads.push_back(loss);
-        distributed::all_reduce_mean(grads);
+        distributed::all_reduce_mean({loss});
       }
       opt->step();
       double l = loss.item();
@@ -273,13 +328,25 @@ int run_train(const TrainOptions& o) {
           << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
       loss_sum += l * double(b->labels.size(0) * world);
       seen += b->labels.size(0) * world;
-      double elapsed = Seconds(std::chrono::steady_clock::now() - start).count();
+      double elapsed = Seconds(std::chrono::steady_clock::now() - start_time).count();
       double rate = double(seen) / std::max(elapsed, 1e-9);
       progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
                       stepper.last_split());
+      steps++;
+      const RunPosition here{epoch, b->index + 1, loss_sum, seen};
+      if (o.max_steps > 0 && steps == o.max_steps) {
+        if (lead) save_checkpoint(dir, o, *net, *opt, here);
+        progress.end_epoch();
+        std::cout << "stopped after " << steps << " steps, " << here.batches
+                  << " batches into epoch " << epoch + 1 << "; go on with --resume " << dir.string()
+                  << "\n";
+        return 0;
+      }
+      if (lead && o.checkpoint_every > 0 && steps % o.checkpoint_every == 0)
+        save_checkpoint(dir, o, *net, *opt, here);
     }
     progress.end_epoch();
-    double seconds = Seconds(std::chrono::steady_clock::now() - start).count();
+    double seconds = Seconds(std::chrono::steady_clock::now() - start_time).count();
     double acc = lead ? accuracy(*net, fm.test, 1000) : 0;
     std::string share = shares(calls_before, calls_per_device());
     losses.push_back(loss_sum / double(seen));
@@ -294,6 +361,7 @@ int run_train(const TrainOptions& o) {
               << "\n";
     if (schedule) schedule->step();
     if (!lead) continue;
+    save_checkpoint(dir, o, *net, *opt, {epoch + 1, 0, 0, 0});
     // Each epoch's results are on disk before the next starts: a failed run keeps them.
     csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
         << double(seen) / seconds << "," << share << "," << stepper.split_since_reset() << ","
@@ -323,8 +391,21 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
   Stepper stepper(o, net);
   nn::CrossEntropyLoss criterion(o.label_smoothing);
-  data::DataLoader loader(data::head(fm.train, (steps + warmup) * o.batch_size), o.batch_size, true,
-                          o.seed, true);
+  // Distributed: this rank's part of each batch, the gradients averaged in the backward pass;
+  // the figure is the batch of all ranks together per second.
+  int world = 1;
+  std::unique_ptr<distributed::GradientReducer> reducer;
+  if (o.distributed) {
+    distributed::init();
+    world = distributed::world_size();
+    OPFORGE_CHECK(o.batch_size % world == 0)
+        << "time_training: batch " << o.batch_size << " over " << world << " ranks";
+    distributed::broadcast(net->parameters());
+    reducer = std::make_unique<distributed::GradientReducer>(net->parameters());
+  }
+  data::DataLoader loader(data::head(fm.train, (steps + warmup) * o.batch_size),
+                          o.batch_size / world, true, o.seed, true);
+  if (world > 1) loader.shard(distributed::rank(), world);
   loader.start_epoch(0);
   using Clock = std::chrono::steady_clock;
   double phase[4] = {0, 0, 0, 0};
@@ -346,6 +427,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
       loss = criterion((*net)(b->images), b->labels);
     auto t2 = Clock::now();
     if (!stepper.parallel()) loss.backward();
+    if (reducer) reducer->finish();
     auto t3 = Clock::now();
     opt->step();
     opt->zero_grad();

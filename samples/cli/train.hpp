@@ -28,6 +28,11 @@ struct TrainOptions {
   bool distributed = false;
   std::string data;  // empty: the Debian package's folder
   std::string out;   // empty: runs/<model>-<date>-<time>
+  // Checkpoints (checkpoint.hpp): written at every epoch's end and every checkpoint_every steps
+  // (0: epochs only); resume: a run folder to go on from; max_steps: stop after that many steps
+  // in this process (0: none), leaving a checkpoint to resume from.
+  int64_t checkpoint_every = 0, max_steps = 0;
+  std::string resume;
 };
 int run_train(const TrainOptions& o);
 // Before the runtime starts: when --devices names logical CPU devices (cpu:1, ...) and

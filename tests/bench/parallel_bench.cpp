@@ -2,11 +2,17 @@
 // one of the two cores loaded, the split measured against the split fixed by cores.
 #include "parallel_bench.hpp"
 
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
 #include <optional>
+#include <sstream>
 
 #include "external_load.hpp"
 #include "opforge/device.hpp"
 #include "opforge/error.hpp"
+#include "opforge/torch/distributed.hpp"
 #include "timing.hpp"
 #include "train.hpp"
 
@@ -51,6 +57,97 @@ ParallelBenchResult run_parallel_bench(const ParallelBenchOptions& o) {
   r.fixed = summary(b);
   r.ratio = r.measured.samples_per_second / r.fixed.samples_per_second;
   return r;
+}
+
+namespace {
+// Runs a command and returns the figures it printed as "name value" lines.
+std::map<std::string, double> figures_from(const std::string& command) {
+  std::string output;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  OPFORGE_CHECK(p) << "bench --distributed: cannot run " << command;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) output.append(buf, n);
+  int rc = pclose(p);
+  OPFORGE_CHECK(rc == 0) << "bench --distributed: `" << command << "` failed:\n" << output;
+  std::map<std::string, double> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::string name;
+    double v = 0;
+    if (in >> name >> v && in.eof()) out[name] = v;
+  }
+  return out;
+}
+double figure(const std::map<std::string, double>& f, const std::string& name,
+              const std::string& command) {
+  auto it = f.find(name);
+  OPFORGE_CHECK(it != f.end()) << "bench --distributed: `" << command << "` printed no " << name;
+  return it->second;
+}
+}  // namespace
+
+int run_mpi_worker(int64_t batch_size) {
+  TrainOptions o;
+  o.batch_size = batch_size;
+  o.distributed = torch::distributed::available() && torch::distributed::launched();
+  TrainTiming t = time_training(o, 60, 10);
+  const bool lead = !o.distributed || torch::distributed::rank() == 0;
+  if (o.distributed && torch::distributed::world_size() > 1) {
+    // One all-reduce of tensors the size of the MLP's gradients, timed alone.
+    std::vector<Tensor> grads = {Tensor::ones({512, 784}), Tensor::ones({512}),
+                                 Tensor::ones({256, 512}), Tensor::ones({256}),
+                                 Tensor::ones({10, 256}),  Tensor::ones({10})};
+    std::vector<double> ms;
+    for (int k = 0; k < 21; k++) {
+      torch::distributed::barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      torch::distributed::all_reduce_mean(grads);
+      ms.push_back(1e3 *
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (lead) std::cout << "allreduce_ms " << median(ms) << "\n";
+  }
+  if (lead)
+    std::cout << "samples_per_second " << t.samples_per_second << "\nstep_ms "
+              << t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms << std::endl;
+  return 0;
+}
+
+MpiScaling run_mpi_scaling(const std::string& exe, int rounds, int64_t batch_size) {
+  MpiScaling r;
+#ifndef OPFORGE_MPIEXEC
+  r.why_not = "no mpirun was found when opforge was configured";
+  return r;
+#else
+  if (!torch::distributed::available()) {
+    r.why_not = "this build has no MPI (libopenmpi-dev)";
+    return r;
+  }
+  const std::string args = " bench --mpi-worker --batch-size " + std::to_string(batch_size);
+  // Children without the logical devices this benchmark's first part runs on.
+  const std::string one = "env -u OPFORGE_CPU_DEVICES HL_NUM_THREADS=1 taskset -c 0 " + exe + args;
+  const std::string two = std::string("env -u OPFORGE_CPU_DEVICES ") + OPFORGE_MPIEXEC +
+                          " --allow-run-as-root --oversubscribe -np 2 --bind-to core -x "
+                          "HL_NUM_THREADS=1 " +
+                          exe + args;
+  std::vector<double> a, b, reduce, step;
+  for (int k = 0; k < rounds; k++) {
+    auto f1 = figures_from(one);
+    a.push_back(figure(f1, "samples_per_second", one));
+    step.push_back(figure(f1, "step_ms", one));
+    auto f2 = figures_from(two);
+    b.push_back(figure(f2, "samples_per_second", two));
+    reduce.push_back(figure(f2, "allreduce_ms", two));
+  }
+  r.ran = true;
+  r.one_process = median(a);
+  r.two_ranks = median(b);
+  r.efficiency = r.two_ranks / (2 * r.one_process);
+  r.allreduce_ms = median(reduce);
+  r.step_ms = median(step);
+  return r;
+#endif
 }
 
 }  // namespace opforge::cli

@@ -34,4 +34,20 @@ struct ParallelBenchResult {
 // Needs at least two logical CPU devices (OPFORGE_CPU_DEVICES); throws an Error otherwise.
 ParallelBenchResult run_parallel_bench(const ParallelBenchOptions& o);
 
+// Two MPI ranks of one core each against one process on one core (`exe bench --mpi-worker`, run
+// alternately by mpirun and by taskset): the scaling efficiency, ranks / (2 x one process), and
+// the time one all-reduce of the model's gradients takes between the two ranks.
+struct MpiScaling {
+  bool ran = false;
+  std::string why_not;                    // when it did not run: no MPI in this build, no mpirun
+  double one_process = 0, two_ranks = 0;  // samples/s, medians
+  double efficiency = 0;
+  double allreduce_ms = 0;  // median
+  double step_ms = 0;       // of one process on one core
+};
+MpiScaling run_mpi_scaling(const std::string& exe, int rounds, int64_t batch_size);
+// The worker: opforge train's step timed as this rank (or alone), printed as
+// "samples_per_second X", "step_ms X" and, between ranks, "allreduce_ms X" by rank 0.
+int run_mpi_worker(int64_t batch_size);
+
 }  // namespace opforge::cli

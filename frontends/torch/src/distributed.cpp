@@ -1,6 +1,7 @@
 // torch::distributed over OpenMPI's C API, or, in a build without it, errors that say so.
 #include "opforge/torch/distributed.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -40,6 +41,12 @@ void barrier() { missing(); }
 void broadcast(const std::vector<Tensor>&, int) { missing(); }
 void all_reduce_mean(const std::vector<Tensor>&, size_t) { missing(); }
 void check_same(uint64_t, const char*) { missing(); }
+struct GradientReducer::Impl {};
+GradientReducer::GradientReducer(std::vector<Tensor>, size_t, size_t) { missing(); }
+GradientReducer::~GradientReducer() = default;
+void GradientReducer::finish() { missing(); }
+size_t GradientReducer::buckets() const { missing(); }
+size_t GradientReducer::started_during_backward() const { missing(); }
 
 #else
 
@@ -76,8 +83,9 @@ void check_host(const Tensor& t, const char* what) {
 void init() {
   if (started()) return;
   int provided = 0;
-  // Only the thread that calls these functions talks to MPI.
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  // One thread at a time talks to MPI (the one that runs backward(), where the reducer's hooks
+  // start buckets).
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
   // Errors come back as codes (raised as Errors here) rather than aborting every rank.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   std::atexit([] {
@@ -161,6 +169,125 @@ void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
     }
   }
 }
+
+struct GradientReducer::Impl {
+  struct Bucket {
+    std::vector<size_t> members;  // parameter indices
+    std::vector<char> data;
+    MPI_Request request = MPI_REQUEST_NULL;
+    size_t ready = 0;
+    bool started = false;
+  };
+  std::vector<Tensor> params;
+  std::vector<uint64_t> hooks;
+  std::vector<size_t> bucket_of;
+  std::vector<Bucket> buckets;
+  size_t early = 0, early_last = 0;
+
+  void start(Bucket& b) {
+    size_t at = 0;
+    for (size_t j : b.members) {
+      const Tensor& p = params[j];
+      const size_t bytes = size_t(p.numel()) * p.element_size();
+      Tensor g = p.grad();
+      if (g.defined()) {
+        check_host(g, "GradientReducer");
+        std::memcpy(b.data.data() + at, g.contiguous().const_data(), bytes);
+      } else {
+        std::memset(b.data.data() + at, 0, bytes);
+      }
+      at += bytes;
+    }
+    const Tensor& first = params[b.members[0]];
+    check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), int(b.data.size() / first.element_size()),
+                         type_of(first), MPI_SUM, MPI_COMM_WORLD, &b.request),
+          "MPI_Iallreduce");
+    b.started = true;
+  }
+  // MPI moves a non-blocking collective on only inside MPI calls (OpenMPI runs no progress
+  // thread by default): a test of the buckets in flight at each gradient lets them advance while
+  // the backward pass goes on.
+  void progress() {
+    for (Bucket& b : buckets)
+      if (b.started && b.request != MPI_REQUEST_NULL) {
+        int done = 0;
+        check(MPI_Test(&b.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      }
+  }
+};
+
+GradientReducer::GradientReducer(std::vector<Tensor> params, size_t bucket_bytes,
+                                 size_t first_bucket_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  require_started("GradientReducer");
+  OPFORGE_CHECK(bucket_bytes > 0) << "GradientReducer: a bucket of 0 bytes";
+  Impl& m = *impl_;
+  for (const Tensor& p : params)
+    if (p.requires_grad()) m.params.push_back(p);
+  m.bucket_of.resize(m.params.size());
+  for (size_t k = m.params.size(); k-- > 0;) {  // the last parameters first
+    const Tensor& p = m.params[k];
+    type_of(p);
+    const size_t bytes = size_t(p.numel()) * p.element_size();
+    const size_t cap =
+        m.buckets.size() == 1 ? std::min(first_bucket_bytes, bucket_bytes) : bucket_bytes;
+    bool fits = !m.buckets.empty() && m.params[m.buckets.back().members[0]].dtype() == p.dtype() &&
+                m.buckets.back().data.size() + bytes <= cap;
+    if (!fits) m.buckets.emplace_back();
+    m.buckets.back().members.push_back(k);
+    m.buckets.back().data.resize(m.buckets.back().data.size() + bytes);
+    m.bucket_of[k] = m.buckets.size() - 1;
+  }
+  for (size_t k = 0; k < m.params.size(); k++)
+    m.hooks.push_back(autograd::register_post_accumulate_grad_hook(
+        m.params[k], [impl = impl_.get(), k](const Tensor&) {
+          Impl::Bucket& b = impl->buckets[impl->bucket_of[k]];
+          if (!b.started && ++b.ready == b.members.size()) {
+            impl->start(b);
+            impl->early++;
+          }
+          impl->progress();
+        }));
+}
+
+GradientReducer::~GradientReducer() {
+  if (!impl_) return;
+  for (size_t k = 0; k < impl_->hooks.size(); k++)
+    autograd::remove_post_accumulate_grad_hook(impl_->params[k], impl_->hooks[k]);
+  for (Impl::Bucket& b : impl_->buckets)  // an exception left some in flight
+    if (b.started) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+}
+
+void GradientReducer::finish() {
+  Impl& m = *impl_;
+  for (Impl::Bucket& b : m.buckets)
+    if (!b.started) m.start(b);
+  const double scale = 1.0 / double(world_size());
+  autograd::NoGradGuard no_grad;
+  for (Impl::Bucket& b : m.buckets) {
+    check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    b.started = false;
+    b.ready = 0;
+    size_t at = 0;
+    for (size_t j : b.members) {
+      Tensor p = m.params[j];
+      Tensor g = p.grad();
+      if (!g.defined() || !g.is_contiguous()) {
+        g = Tensor::empty(p.shape(), p.dtype());
+        p.set_grad(g);
+      }
+      const size_t bytes = size_t(g.numel()) * g.element_size();
+      std::memcpy(g.data(), b.data.data() + at, bytes);
+      at += bytes;
+      g.mul_(scale);
+    }
+  }
+  m.early_last = m.early;
+  m.early = 0;
+}
+
+size_t GradientReducer::buckets() const { return impl_->buckets.size(); }
+size_t GradientReducer::started_during_backward() const { return impl_->early_last; }
 
 void check_same(uint64_t fingerprint, const char* what) {
   const int n = world_size();

@@ -6,6 +6,7 @@
 // Tensor (tensor.hpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,5 +82,12 @@ void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& gra
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
+
+// Runs hook(grad) after each backward() that adds into this leaf's grad() (PyTorch's
+// register_post_accumulate_grad_hook), on the thread that runs that backward(); autograd::grad()
+// adds nothing and runs none. Returns an id for remove_post_accumulate_grad_hook.
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf,
+                                            std::function<void(const Tensor& grad)> hook);
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id);
 
 }  // namespace opforge::autograd

@@ -26,8 +26,11 @@ struct Meta {
   uint64_t history = 0;
   std::shared_ptr<Meta> base;  // a view's: the tensor it views, and that one's history then
   uint64_t base_history = 0;
-  // Guards accumulator and grad: threads that share parameters build graphs and run backward
-  // passes at once.
+  // A leaf's hooks, run after backward() added into its grad()
+  // (register_post_accumulate_grad_hook).
+  std::vector<std::pair<uint64_t, std::function<void(const Tensor&)>>> hooks;
+  // Guards accumulator, grad and hooks: threads that share parameters build graphs and run
+  // backward passes at once.
   std::mutex mu;
 };
 

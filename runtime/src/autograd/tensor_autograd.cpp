@@ -57,8 +57,16 @@ void accumulate_into(Tensor& slot, Tensor g) {
 }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
-  std::lock_guard<std::mutex> lk(leaf_->mu);
-  accumulate_into(leaf_->grad, std::move(grads.at(0)));
+  Tensor grad;
+  std::vector<std::function<void(const Tensor&)>> hooks;
+  {
+    std::lock_guard<std::mutex> lk(leaf_->mu);
+    accumulate_into(leaf_->grad, std::move(grads.at(0)));
+    if (leaf_->hooks.empty()) return {};
+    grad = leaf_->grad;
+    for (const auto& [id, hook] : leaf_->hooks) hooks.push_back(hook);
+  }
+  for (const auto& hook : hooks) hook(grad);  // outside the lock: a hook may read the gradient
   return {};
 }
 
@@ -238,3 +246,26 @@ uint32_t Tensor::version() const {
 }
 
 }  // namespace opforge
+
+namespace opforge::autograd {
+
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf,
+                                            std::function<void(const Tensor& grad)> hook) {
+  OPFORGE_CHECK(leaf.defined() && leaf.requires_grad() && !leaf.grad_fn())
+      << "register_post_accumulate_grad_hook: the tensor is not a leaf that requires a gradient";
+  static std::atomic<uint64_t> next{1};
+  const uint64_t id = next++;
+  const std::shared_ptr<Meta>& m = leaf.autograd_meta();
+  std::lock_guard<std::mutex> lk(m->mu);
+  m->hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& leaf, uint64_t id) {
+  const std::shared_ptr<Meta>& m = leaf.autograd_meta();
+  if (!m) return;
+  std::lock_guard<std::mutex> lk(m->mu);
+  std::erase_if(m->hooks, [&](const auto& h) { return h.first == id; });
+}
+
+}  // namespace opforge::autograd

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "opforge/tensor.hpp"
@@ -30,6 +31,34 @@ void broadcast(const std::vector<Tensor>& tensors, int root = 0);
 // each reduced with a non-blocking MPI_Iallreduce, all in flight at once, in the same order on
 // every rank. Undefined tensors are skipped (every rank must skip the same ones).
 void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes = size_t(25) << 20);
+// Averages gradients over the ranks while backward() runs, as DDP's reducer does: the parameters
+// in buckets of about bucket_bytes, the last parameters first (their gradients come first in a
+// backward pass), each bucket's MPI_Iallreduce started as soon as backward() has added into every
+// gradient in it (post-accumulate hooks), so communication overlaps the rest of the backward
+// pass. finish() starts what is left (a parameter without a gradient counts as zeros), waits for
+// every bucket and writes the means into the gradients. Every rank must run the same graph, so
+// that its buckets complete in the same order. Gradients set other ways (DataParallel's sum) are
+// all reduced in finish().
+class GradientReducer {
+ public:
+  // The first bucket (the last layers') holds at most first_bucket_bytes, as DDP's: it starts
+  // early, while the first layers' gradients are still being computed.
+  explicit GradientReducer(std::vector<Tensor> params, size_t bucket_bytes = size_t(25) << 20,
+                           size_t first_bucket_bytes = size_t(1) << 20);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+  void finish();
+  size_t buckets() const;
+  // Of the last finish(): the buckets that were started during the backward pass.
+  size_t started_during_backward() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // Raises an Error naming the first rank whose `fingerprint` differs from rank 0's (a hash of what
 // must agree: the model's parameter shapes, the data's size), with `what` in the message.
 void check_same(uint64_t fingerprint, const char* what);

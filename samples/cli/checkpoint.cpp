@@ -1,0 +1,96 @@
+#include "checkpoint.hpp"
+
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "opforge/error.hpp"
+#include "opforge/safetensors.hpp"
+
+namespace opforge::cli {
+namespace {
+constexpr const char* kFile = "checkpoint.safetensors";
+
+std::string text(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+// What must be the same for a resumed run to train as the first one did.
+std::vector<std::pair<std::string, std::string>> run_identity(const TrainOptions& o) {
+  return {{"model", o.model},
+          {"optimizer", o.optimizer},
+          {"batch_size", std::to_string(o.batch_size)},
+          {"seed", std::to_string(o.seed)},
+          {"limit", std::to_string(o.limit)},
+          {"lr", text(o.lr)},
+          {"lr_schedule", o.lr_schedule},
+          {"epochs", std::to_string(o.epochs)},
+          {"label_smoothing", text(o.label_smoothing)}};
+}
+
+double number(const std::map<std::string, std::string>& meta, const std::string& key,
+              const std::filesystem::path& file) {
+  auto it = meta.find(key);
+  OPFORGE_CHECK(it != meta.end()) << file.string() << ": no \"" << key << "\" in its metadata";
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  OPFORGE_CHECK(end && *end == 0) << file.string() << ": metadata " << key << " = \"" << it->second
+                                  << "\" is not a number";
+  return v;
+}
+}  // namespace
+
+void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
+                     const torch::nn::Module& net, const torch::optim::Optimizer& opt,
+                     const RunPosition& at) {
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, t] : net.state_dict()) tensors["model." + name] = t;
+  for (const auto& [name, t] : opt.state_dict()) tensors["optim." + name] = t;
+  std::map<std::string, std::string> meta;
+  for (const auto& [k, v] : run_identity(o)) meta[k] = v;
+  meta["epoch"] = std::to_string(at.epoch);
+  meta["batches"] = std::to_string(at.batches);
+  meta["loss_sum"] = text(at.loss_sum);
+  meta["seen"] = std::to_string(at.seen);
+  save_safetensors((dir / kFile).string(), tensors, meta);  // a new file, then renamed over
+}
+
+RunPosition load_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
+                            torch::nn::Module& net, torch::optim::Optimizer& opt) {
+  const std::filesystem::path file = dir / kFile;
+  OPFORGE_CHECK(std::filesystem::exists(file))
+      << "--resume " << dir.string() << ": no " << kFile
+      << " there (a run folder of opforge train has one after its first epoch)";
+  SafetensorsFile f = load_safetensors(file.string());
+  for (const auto& [key, want] : run_identity(o)) {
+    auto it = f.metadata.find(key);
+    OPFORGE_CHECK(it != f.metadata.end() && it->second == want)
+        << "--resume " << dir.string() << ": the run was started with " << key << " "
+        << (it == f.metadata.end() ? "(none)" : it->second) << ", this one has " << want
+        << "; resume with the same options";
+  }
+  std::map<std::string, Tensor> model, optim;
+  for (auto& [name, t] : f.tensors) {
+    if (name.rfind("model.", 0) == 0)
+      model[name.substr(6)] = t;
+    else if (name.rfind("optim.", 0) == 0)
+      optim[name.substr(6)] = t;
+    else
+      throw Error(file.string() + ": an entry \"" + name + "\" that is neither model. nor optim.");
+  }
+  net.load_state_dict(model);
+  opt.load_state_dict(optim);
+  RunPosition at;
+  at.epoch = int64_t(number(f.metadata, "epoch", file));
+  at.batches = int64_t(number(f.metadata, "batches", file));
+  at.loss_sum = number(f.metadata, "loss_sum", file);
+  at.seen = int64_t(number(f.metadata, "seen", file));
+  OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0)
+      << file.string() << ": a position before the run's start";
+  return at;
+}
+
+}  // namespace opforge::cli
