@@ -146,6 +146,32 @@ TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
   }
 }
 
+TEST(Distributed, AReducerOverTwoBackwardPassesAveragesTheirSum) {
+  NEEDS_RANKS();
+  const int rank = distributed::rank();
+  // Gradients accumulated over two micro-batches before finish(): the buckets that started
+  // after the first pass are reduced again with both.
+  auto with_reducer = net(21), plain = net(21);
+  distributed::GradientReducer reducer(with_reducer->parameters(), 256);
+  nn::CrossEntropyLoss criterion;
+  data::Dataset d = dataset(40);
+  for (int half = 0; half < 2; half++) {
+    Tensor x = d.images.slice(0, 20 * half + rank, 20 * half + rank + 10);
+    Tensor y = d.labels.slice(0, 20 * half + rank, 20 * half + rank + 10);
+    criterion((*with_reducer)(x), y).backward();
+    criterion((*plain)(x), y).backward();
+  }
+  reducer.finish();
+  std::vector<Tensor> want;
+  for (const Tensor& p : plain->parameters()) want.push_back(p.grad());
+  distributed::all_reduce_mean(want);
+  std::vector<Tensor> got = with_reducer->parameters();
+  for (size_t j = 0; j < want.size(); j++) {
+    std::vector<double> w = want[j].to_vector<double>(), g = got[j].grad().to_vector<double>();
+    for (size_t k = 0; k < w.size(); k++) ASSERT_EQ(g[k], w[k]) << "parameter " << j << " " << k;
+  }
+}
+
 TEST(Distributed, AllReduceAveragesEveryElementInBuckets) {
   NEEDS_RANKS();
   const int world = distributed::world_size(), rank = distributed::rank();

@@ -26,6 +26,7 @@
 #include "opforge/dispatch.hpp"
 #include "opforge/error.hpp"
 #include "opforge/registry.hpp"
+#include "opforge/torch/distributed.hpp"
 #include "parallel_bench.hpp"
 #include "peers.hpp"
 #include "scheduler_bench.hpp"
@@ -731,6 +732,7 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {  // opforge::Error and whatever the peers throw
     std::cout.flush();
     std::cerr << "opforge: error: " << e.what() << '\n';
+    torch::distributed::abort_job(1);  // the other ranks, if any, must not wait for this one
     return 1;
   }
   return 0;

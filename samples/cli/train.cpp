@@ -361,8 +361,8 @@ int run_train(const TrainOptions& o) {
               << "\n";
     if (schedule) schedule->step();
     if (!lead) continue;
-    save_checkpoint(dir, o, *net, *opt, {epoch + 1, 0, 0, 0});
-    // Each epoch's results are on disk before the next starts: a failed run keeps them.
+    // Each epoch's results are on disk before the next starts: a failed run keeps them. The
+    // checkpoint last: a run stopped before it repeats the epoch, and --resume drops the line.
     csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
         << double(seen) / seconds << "," << share << "," << stepper.split_since_reset() << ","
         << stepper.micro_batch_list() << "\n"
@@ -373,6 +373,7 @@ int run_train(const TrainOptions& o) {
                       {"input_mean", number(inputs.mean)},
                       {"input_std", number(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
+    save_checkpoint(dir, o, *net, *opt, {epoch + 1, 0, 0, 0});
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;

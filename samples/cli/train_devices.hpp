@@ -47,6 +47,10 @@ class Stepper {
     }
     Tensor loss = parallel_->forward_backward(
         x, y, [this](const Tensor& out, const Tensor& t) { return criterion_(out, t); });
+    if (samples_.size() != parallel_->devices().size()) {  // a device failed and left
+      samples_.assign(parallel_->devices().size(), 0);
+      seconds_.assign(parallel_->devices().size(), 0);
+    }
     for (size_t i = 0; i < samples_.size(); i++) {
       samples_[i] += parallel_->last_split()[i];
       seconds_[i] += parallel_->last_seconds()[i];

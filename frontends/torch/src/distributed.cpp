@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "opforge/autograd.hpp"
@@ -42,6 +43,7 @@ void broadcast(const std::vector<Tensor>&, int) { missing(); }
 void all_reduce_mean(const std::vector<Tensor>&, size_t) { missing(); }
 void check_same(uint64_t, const char*) { missing(); }
 struct GradientReducer::Impl {};
+void abort_job(int) {}
 GradientReducer::GradientReducer(std::vector<Tensor>, size_t, size_t) { missing(); }
 GradientReducer::~GradientReducer() = default;
 void GradientReducer::finish() { missing(); }
@@ -86,6 +88,9 @@ void init() {
   // One thread at a time talks to MPI (the one that runs backward(), where the reducer's hooks
   // start buckets).
   check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  OPFORGE_CHECK(provided >= MPI_THREAD_SERIALIZED)
+      << "distributed: this MPI gives thread level " << provided
+      << ", below MPI_THREAD_SERIALIZED (the backward pass's hooks start reductions)";
   // Errors come back as codes (raised as Errors here) rather than aborting every rank.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   std::atexit([] {
@@ -148,13 +153,19 @@ void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
     std::memcpy(b.data.data() + at, t.const_data(), bytes);
     b.members.push_back(t);
   }
-  // Every bucket in flight at once; MPI progresses them together.
-  for (Bucket& b : buckets) {
-    const Tensor& first = b.members[0];
-    const int count = int(b.data.size() / first.element_size());
-    check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), count, type_of(first), MPI_SUM,
-                         MPI_COMM_WORLD, &b.request),
-          "MPI_Iallreduce");
+  // Every bucket in flight at once; MPI progresses them together. Should one fail to start,
+  // those started are waited for before their buffers go.
+  try {
+    for (Bucket& b : buckets) {
+      const Tensor& first = b.members[0];
+      const int count = int(b.data.size() / first.element_size());
+      check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), count, type_of(first), MPI_SUM,
+                           MPI_COMM_WORLD, &b.request),
+            "MPI_Iallreduce");
+    }
+  } catch (...) {
+    for (Bucket& b : buckets) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+    throw;
   }
   for (Bucket& b : buckets) {
     check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
@@ -182,7 +193,26 @@ struct GradientReducer::Impl {
   std::vector<uint64_t> hooks;
   std::vector<size_t> bucket_of;
   std::vector<Bucket> buckets;
+  std::vector<char> seen;   // this pass: the parameter's gradient was accumulated
+  std::vector<char> stale;  // by bucket: started, then a gradient in it accumulated again
   size_t early = 0, early_last = 0;
+  std::mutex mu;  // hooks may come from several threads' backward passes
+
+  void on_gradient(size_t k) {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t bi = bucket_of[k];
+    Bucket& b = buckets[bi];
+    if (seen[k]) {  // a second backward() before finish(): the bucket is reduced again there
+      if (b.started) stale[bi] = 1;
+      return;
+    }
+    seen[k] = 1;
+    if (!b.started && ++b.ready == b.members.size()) {
+      start(b);
+      early++;
+    }
+    progress();
+  }
 
   void start(Bucket& b) {
     size_t at = 0;
@@ -225,6 +255,7 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, size_t bucket_bytes
   for (const Tensor& p : params)
     if (p.requires_grad()) m.params.push_back(p);
   m.bucket_of.resize(m.params.size());
+  m.seen.assign(m.params.size(), 0);
   for (size_t k = m.params.size(); k-- > 0;) {  // the last parameters first
     const Tensor& p = m.params[k];
     type_of(p);
@@ -238,16 +269,10 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, size_t bucket_bytes
     m.buckets.back().data.resize(m.buckets.back().data.size() + bytes);
     m.bucket_of[k] = m.buckets.size() - 1;
   }
+  m.stale.assign(m.buckets.size(), 0);
   for (size_t k = 0; k < m.params.size(); k++)
     m.hooks.push_back(autograd::register_post_accumulate_grad_hook(
-        m.params[k], [impl = impl_.get(), k](const Tensor&) {
-          Impl::Bucket& b = impl->buckets[impl->bucket_of[k]];
-          if (!b.started && ++b.ready == b.members.size()) {
-            impl->start(b);
-            impl->early++;
-          }
-          impl->progress();
-        }));
+        m.params[k], [impl = impl_.get(), k](const Tensor&) { impl->on_gradient(k); }));
 }
 
 GradientReducer::~GradientReducer() {
@@ -260,12 +285,19 @@ GradientReducer::~GradientReducer() {
 
 void GradientReducer::finish() {
   Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
   for (Impl::Bucket& b : m.buckets)
     if (!b.started) m.start(b);
   const double scale = 1.0 / double(world_size());
   autograd::NoGradGuard no_grad;
-  for (Impl::Bucket& b : m.buckets) {
+  for (size_t bi = 0; bi < m.buckets.size(); bi++) {
+    Impl::Bucket& b = m.buckets[bi];
     check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    if (m.stale[bi]) {  // what it reduced is not the gradients now: again, with them
+      m.start(b);
+      check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
+      m.stale[bi] = 0;
+    }
     b.started = false;
     b.ready = 0;
     size_t at = 0;
@@ -284,10 +316,21 @@ void GradientReducer::finish() {
   }
   m.early_last = m.early;
   m.early = 0;
+  std::fill(m.seen.begin(), m.seen.end(), 0);
 }
 
 size_t GradientReducer::buckets() const { return impl_->buckets.size(); }
 size_t GradientReducer::started_during_backward() const { return impl_->early_last; }
+
+void abort_job(int code) {
+  int on = 0, done = 0;
+  MPI_Initialized(&on);
+  MPI_Finalized(&done);
+  if (!on || done) return;
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 void check_same(uint64_t fingerprint, const char* what) {
   const int n = world_size();

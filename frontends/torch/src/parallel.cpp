@@ -54,8 +54,13 @@ std::vector<std::exception_ptr> run_shares(const std::vector<Device>& devs,
     }
   };
   std::vector<std::thread> threads;
-  int64_t begin = split[0];
-  for (size_t i = 1; i < devs.size(); begin += split[i], i++) threads.emplace_back(run, i, begin);
+  try {
+    int64_t begin = split[0];
+    for (size_t i = 1; i < devs.size(); begin += split[i], i++) threads.emplace_back(run, i, begin);
+  } catch (...) {  // no thread left joinable (std::terminate) when one cannot start
+    for (std::thread& t : threads) t.join();
+    throw;
+  }
   run(0, 0);
   for (std::thread& t : threads) t.join();
   return errors;
@@ -214,7 +219,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       }
       done += m;
     }
-    mb.after_step(count, ran_out);
+    if (on == i) mb.after_step(count, ran_out);  // a share run for another device is not its own
     if (on == i)
       seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
@@ -284,7 +289,8 @@ Tensor DataParallel::forward(const Tensor& input) {
       << "DataParallel: the input must be a tensor with a batch dimension";
   check_module();
   const int64_t batch = input.size(0);
-  std::vector<int64_t> split = split_.split(batch);
+  OPFORGE_CHECK(batch > 0) << "DataParallel: an empty batch";
+  std::vector<int64_t> split = split_.plan(batch);  // training's split keeps its state
   std::vector<Tensor> outs(devices_.size());
   const bool grad_mode = autograd::grad_enabled();
   std::vector<std::exception_ptr> errors =

@@ -32,6 +32,9 @@ class ThroughputSplit {
   // every device gets at least one while the batch has enough (a device given none could not be
   // measured again).
   std::vector<int64_t> split(int64_t batch);
+  // The split proportional to the rates, changing nothing (for a batch that is not a training
+  // step's, such as evaluation's).
+  std::vector<int64_t> plan(int64_t batch) const;
   // What a step took: the samples each device ran (as split() gave them) and its seconds. A
   // device that ran none, or whose time is not positive and finite, keeps its estimate.
   void record(const std::vector<int64_t>& samples, const std::vector<double>& seconds);

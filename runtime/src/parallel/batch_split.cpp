@@ -77,6 +77,11 @@ double ThroughputSplit::predicted_seconds(const std::vector<int64_t>& samples) c
   return worst;
 }
 
+std::vector<int64_t> ThroughputSplit::plan(int64_t batch) const {
+  OPFORGE_CHECK(batch >= 0) << "ThroughputSplit: a batch of " << batch << " samples";
+  return proportional(batch);
+}
+
 std::vector<int64_t> ThroughputSplit::split(int64_t batch) {
   OPFORGE_CHECK(batch >= 0) << "ThroughputSplit: a batch of " << batch << " samples";
   std::vector<int64_t> next = proportional(batch);

@@ -37,8 +37,9 @@ void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes = s
 // gradient in it (post-accumulate hooks), so communication overlaps the rest of the backward
 // pass. finish() starts what is left (a parameter without a gradient counts as zeros), waits for
 // every bucket and writes the means into the gradients. Every rank must run the same graph, so
-// that its buckets complete in the same order. Gradients set other ways (DataParallel's sum) are
-// all reduced in finish().
+// that its buckets complete in the same order. A second backward() before finish() (gradients
+// accumulated over micro-batches) is right too: a bucket started early is reduced again. Gradients
+// set other ways (DataParallel's sum) are all reduced in finish().
 class GradientReducer {
  public:
   // The first bucket (the last layers') holds at most first_bucket_bytes, as DDP's: it starts
@@ -58,6 +59,11 @@ class GradientReducer {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Ends every rank of the job with exit status `code` (MPI_Abort) when this process is one of
+// several: an error that only some ranks meet (a file one cannot write) would leave the others
+// waiting in their next all-reduce. Does nothing otherwise.
+void abort_job(int code);
 
 // Raises an Error naming the first rank whose `fingerprint` differs from rank 0's (a hash of what
 // must agree: the model's parameter shapes, the data's size), with `what` in the message.
