@@ -13,6 +13,7 @@
 #include "opforge/torch/nn.hpp"
 #include "opforge/torch/optim.hpp"
 #include "opforge/torch/parallel.hpp"
+#include "small_mlp.hpp"
 
 namespace {
 using namespace opforge;
@@ -98,13 +99,6 @@ std::vector<Device> cpu_devices() {
   return out;
 }
 
-std::shared_ptr<nn::Sequential> small_net(uint64_t seed) {
-  Generator g(seed);
-  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(12, 16, true, DType::Float64, g), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(16, 5, true, DType::Float64, g)});
-}
-
 struct Batch {
   Tensor x, y;
 };
@@ -117,7 +111,7 @@ Batch batch(int64_t n, uint64_t seed, int64_t features = 12) {
 }
 
 void expect_same_gradients(const std::vector<Device>& devs) {
-  auto net = small_net(3);
+  auto net = small_mlp(3);
   nn::CrossEntropyLoss criterion;
   Batch b = batch(37, 5);
   Tensor loss = criterion((*net)(b.x), b.y);
@@ -160,7 +154,7 @@ TEST(DataParallel, GradientsEqualOneBackwardWithAnOpenClDevice) {
 TEST(DataParallel, TrainingMatchesOneDevice) {
   // Ten SGD steps with momentum over the devices give the parameters of ten steps on the whole
   // batch (float64: to rounding).
-  auto single = small_net(9), parallel = small_net(9);
+  auto single = small_mlp(9), parallel = small_mlp(9);
   optim::SGDOptions o{.lr = 0.1, .momentum = 0.9};
   optim::SGD opt1(single->parameters(), o), opt2(parallel->parameters(), o);
   nn::CrossEntropyLoss criterion;
@@ -250,7 +244,7 @@ TEST(DataParallel, MicroBatchesWhereADeviceRunsOutOfMemory) {
 }
 
 TEST(DataParallel, ForwardConcatenatesTheShares) {
-  auto net = small_net(4);
+  auto net = small_mlp(4);
   Batch b = batch(21, 2);
   nn::DataParallel dp(net, cpu_devices());
   autograd::NoGradGuard no_grad;
@@ -261,7 +255,7 @@ TEST(DataParallel, ForwardConcatenatesTheShares) {
 }
 
 TEST(DataParallel, RefusesWhatItCannotSplit) {
-  auto net = small_net(1);
+  auto net = small_mlp(1);
   EXPECT_THROW(nn::DataParallel(net, {}), Error);
   EXPECT_THROW(nn::DataParallel(nullptr, cpu_devices()), Error);
   EXPECT_THROW(nn::DataParallel(net, {cpu_devices()[0], cpu_devices()[0]}), Error);
@@ -305,7 +299,7 @@ TEST(DataParallel, ADeviceThatFailsLeavesTheSplitAndTheStepGoesOn) {
   if (device_exists(Device{DeviceKind::opencl, 0})) devs.push_back(Device{DeviceKind::opencl, 0});
   if (devs.size() < 2) GTEST_SKIP() << "needs two devices";
   const Device lost = devs.back();
-  auto net = small_net(8);
+  auto net = small_mlp(8);
   nn::CrossEntropyLoss criterion;
   Batch b = batch(40, 6);
   criterion((*net)(b.x), b.y).backward();

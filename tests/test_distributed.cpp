@@ -14,6 +14,7 @@
 #include "opforge/torch/distributed.hpp"
 #include "opforge/torch/nn.hpp"
 #include "opforge/torch/optim.hpp"
+#include "small_mlp.hpp"
 
 namespace {
 using namespace opforge;
@@ -37,13 +38,6 @@ uint64_t fingerprint(const std::vector<Tensor>& params) {
     for (size_t i = 0; i < v.size() * sizeof(double); i++) h = (h ^ bytes[i]) * 1099511628211ull;
   }
   return h;
-}
-
-std::shared_ptr<nn::Sequential> net(uint64_t seed) {
-  Generator g(seed);
-  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(12, 16, true, DType::Float64, g), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(16, 5, true, DType::Float64, g)});
 }
 
 data::Dataset dataset(int64_t n) {
@@ -99,12 +93,12 @@ TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
   optim::SGDOptions o{.lr = 0.1, .momentum = 0.9};
 
   // One process, the whole batch: what every rank must reach.
-  auto single = net(5);
+  auto single = small_mlp(5);
   optim::SGD opt1(single->parameters(), o);
   data::DataLoader all(dataset(samples), batch, true, 3);
 
   // This rank: its part of each batch. Its initial parameters differ until rank 0's arrive.
-  auto mine = net(5);
+  auto mine = small_mlp(5);
   if (rank != 0) {
     autograd::NoGradGuard no_grad;
     mine->parameters()[0].add_(double(rank));
@@ -151,7 +145,7 @@ TEST(Distributed, AReducerOverTwoBackwardPassesAveragesTheirSum) {
   const int rank = distributed::rank();
   // Gradients accumulated over two micro-batches before finish(): the buckets that started
   // after the first pass are reduced again with both.
-  auto with_reducer = net(21), plain = net(21);
+  auto with_reducer = small_mlp(21), plain = small_mlp(21);
   distributed::GradientReducer reducer(with_reducer->parameters(), 256);
   nn::CrossEntropyLoss criterion;
   data::Dataset d = dataset(40);

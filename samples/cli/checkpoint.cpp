@@ -1,5 +1,6 @@
 #include "checkpoint.hpp"
 
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -11,13 +12,6 @@ namespace opforge::cli {
 namespace {
 constexpr const char* kFile = "checkpoint.safetensors";
 
-std::string text(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
 // What must be the same for a resumed run to train as the first one did.
 std::vector<std::pair<std::string, std::string>> run_identity(const TrainOptions& o) {
   return {{"model", o.model},
@@ -25,23 +19,31 @@ std::vector<std::pair<std::string, std::string>> run_identity(const TrainOptions
           {"batch_size", std::to_string(o.batch_size)},
           {"seed", std::to_string(o.seed)},
           {"limit", std::to_string(o.limit)},
-          {"lr", text(o.lr)},
+          {"lr", exact_text(o.lr)},
           {"lr_schedule", o.lr_schedule},
           {"epochs", std::to_string(o.epochs)},
-          {"label_smoothing", text(o.label_smoothing)}};
+          {"label_smoothing", exact_text(o.label_smoothing)}};
 }
 
-double number(const std::map<std::string, std::string>& meta, const std::string& key,
-              const std::filesystem::path& file) {
+}  // namespace
+
+std::string exact_text(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+std::optional<double> metadata_number(const std::map<std::string, std::string>& meta,
+                                      const std::string& key, const std::string& file) {
   auto it = meta.find(key);
-  OPFORGE_CHECK(it != meta.end()) << file.string() << ": no \"" << key << "\" in its metadata";
+  if (it == meta.end()) return std::nullopt;
   char* end = nullptr;
   double v = std::strtod(it->second.c_str(), &end);
-  OPFORGE_CHECK(end && *end == 0) << file.string() << ": metadata " << key << " = \"" << it->second
-                                  << "\" is not a number";
+  OPFORGE_CHECK(end && *end == 0 && !it->second.empty() && std::isfinite(v))
+      << file << ": metadata " << key << " = \"" << it->second << "\" is not a number";
   return v;
 }
-}  // namespace
 
 void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
                      const torch::nn::Module& net, const torch::optim::Optimizer& opt,
@@ -53,7 +55,7 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
   for (const auto& [k, v] : run_identity(o)) meta[k] = v;
   meta["epoch"] = std::to_string(at.epoch);
   meta["batches"] = std::to_string(at.batches);
-  meta["loss_sum"] = text(at.loss_sum);
+  meta["loss_sum"] = exact_text(at.loss_sum);
   meta["seen"] = std::to_string(at.seen);
   save_safetensors((dir / kFile).string(), tensors, meta);  // a new file, then renamed over
 }
@@ -83,11 +85,16 @@ RunPosition load_checkpoint(const std::filesystem::path& dir, const TrainOptions
   }
   net.load_state_dict(model);
   opt.load_state_dict(optim);
+  auto number = [&](const char* key) {
+    std::optional<double> v = metadata_number(f.metadata, key, file.string());
+    OPFORGE_CHECK(v) << file.string() << ": no \"" << key << "\" in its metadata";
+    return *v;
+  };
   RunPosition at;
-  at.epoch = int64_t(number(f.metadata, "epoch", file));
-  at.batches = int64_t(number(f.metadata, "batches", file));
-  at.loss_sum = number(f.metadata, "loss_sum", file);
-  at.seen = int64_t(number(f.metadata, "seen", file));
+  at.epoch = int64_t(number("epoch"));
+  at.batches = int64_t(number("batches"));
+  at.loss_sum = number("loss_sum");
+  at.seen = int64_t(number("seen"));
   OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0)
       << file.string() << ": a position before the run's start";
   return at;

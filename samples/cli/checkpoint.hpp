@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "opforge/torch/nn.hpp"
@@ -12,6 +14,13 @@
 #include "train.hpp"
 
 namespace opforge::cli {
+
+// The numbers in the metadata of the safetensors files opforge train writes: written so that
+// they read back exactly; read back as nullopt when absent, an Error naming the file and key when
+// not a finite number.
+std::string exact_text(double v);
+std::optional<double> metadata_number(const std::map<std::string, std::string>& meta,
+                                      const std::string& key, const std::string& file);
 
 struct RunPosition {
   int64_t epoch = 0;    // the epoch in progress, from 0

@@ -29,10 +29,7 @@
 #include "train_devices.hpp"
 
 namespace opforge::cli {
-namespace {
 using namespace opforge::torch;
-namespace fs = std::filesystem;
-using Seconds = std::chrono::duration<double>;
 
 std::shared_ptr<nn::Module> make_model(const std::string& name, Generator& g) {
   if (name == "mlp")
@@ -58,6 +55,10 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, Generator& g) {
   }
   throw Error("unknown model \"" + name + "\"; expected mlp or cnn");
 }
+
+namespace {
+namespace fs = std::filesystem;
+using Seconds = std::chrono::duration<double>;
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> p) {
   if (o.optimizer == "sgd")
@@ -97,11 +98,6 @@ Standardize standardize(data::FashionMnist& fm) {
   s.apply(fm.test);
   return s;
 }
-std::string number(double v) {
-  std::ostringstream os;
-  os << std::setprecision(17) << v;
-  return os.str();
-}
 
 std::string default_run_folder(const std::string& model) {
   std::time_t t = std::time(nullptr);
@@ -120,19 +116,13 @@ std::map<std::string, int64_t> calls_per_device() {
 }
 std::string shares(const std::map<std::string, int64_t>& before,
                    const std::map<std::string, int64_t>& after) {
-  int64_t total = 0;
-  std::map<std::string, int64_t> d;
+  std::vector<std::pair<std::string, int64_t>> ran;  // the devices that ran some
   for (auto& [dev, n] : after) {
     auto it = before.find(dev);
-    d[dev] = n - (it == before.end() ? 0 : it->second);
-    total += d[dev];
+    int64_t d = n - (it == before.end() ? 0 : it->second);
+    if (d > 0) ran.emplace_back(dev, d);
   }
-  std::ostringstream os;
-  for (auto& [dev, n] : d)
-    if (n > 0)
-      os << (os.tellp() ? " " : "") << dev << " " << std::fixed << std::setprecision(1)
-         << 100.0 * double(n) / double(std::max<int64_t>(total, 1)) << "%";
-  return os.str();
+  return percent_str(shares_of(ran));
 }
 
 // One line of progress: redrawn in place on a terminal, printed every tenth of an epoch else.
@@ -223,24 +213,6 @@ int run_train(const TrainOptions& o) {
       << "--device " << o.device << ": no such device here (opforge info lists them)";
   OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
       << "--device and --devices: give one or the other";
-  // --distributed: this process is one of mpirun's ranks, each training on its part of every
-  // batch, the gradients averaged; rank 0 prints and writes the run folder.
-  int rank = 0, world = 1;
-  if (o.distributed) {
-    distributed::init();
-    rank = distributed::rank();
-    world = distributed::world_size();
-    OPFORGE_CHECK(o.batch_size % world == 0)
-        << "--batch-size " << o.batch_size << " is the batch of all ranks together: it must divide "
-        << "by the " << world << " ranks";
-  }
-  const bool lead = rank == 0;
-  struct RestoreCout {
-    std::streambuf* buf;
-    ~RestoreCout() { std::cout.rdbuf(buf); }
-  } restore{std::cout.rdbuf()};
-  if (!lead) std::cout.rdbuf(nullptr);  // the other ranks' errors still reach stderr
-
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
   data::FashionMnist fm =
@@ -250,16 +222,14 @@ int run_train(const TrainOptions& o) {
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, net->parameters());
   std::unique_ptr<optim::LambdaLR> schedule = make_schedule(o, *opt);
   Stepper stepper(o, net);
-  if (o.distributed) {
-    distributed::broadcast(net->parameters());
-    std::ostringstream agree;
-    agree << o.model << " " << train.size() << " " << o.batch_size;
-    for (const auto& [name, t] : net->named_parameters())
-      agree << " " << name << shape_str(t.shape());
-    distributed::check_same(std::hash<std::string>{}(agree.str()), "model, data or batch size");
-  }
-  std::unique_ptr<distributed::GradientReducer> reducer;
-  if (o.distributed) reducer = std::make_unique<distributed::GradientReducer>(net->parameters());
+  // Rank 0 prints and writes the run folder.
+  Ranks ranks(o, *net, train.size());
+  const bool lead = ranks.lead();
+  struct RestoreCout {
+    std::streambuf* buf;
+    ~RestoreCout() { std::cout.rdbuf(buf); }
+  } restore{std::cout.rdbuf()};
+  if (!lead) std::cout.rdbuf(nullptr);  // the other ranks' errors still reach stderr
 
   OPFORGE_CHECK(o.resume.empty() || o.out.empty() || fs::path(o.out) == fs::path(o.resume))
       << "--resume " << o.resume << " goes on in that folder: --out " << o.out << " differs";
@@ -281,7 +251,7 @@ int run_train(const TrainOptions& o) {
             << " lr " << opt->lr() << (schedule ? " (" + o.lr_schedule + " schedule)" : "") << ", "
             << o.epochs << " epoch(s)"
             << (stepper.parallel() ? ", data-parallel over " + stepper.device_names() : "")
-            << (o.distributed ? ", " + std::to_string(world) + " rank(s) of mpirun" : "")
+            << (o.distributed ? ", " + std::to_string(ranks.world) + " rank(s) of mpirun" : "")
             << "; run folder " << dir.string() << "\n";
   std::ofstream csv;
   if (lead && o.resume.empty()) {
@@ -292,8 +262,8 @@ int run_train(const TrainOptions& o) {
     csv.open(dir / "metrics.csv", std::ios::app);
   }
 
-  data::DataLoader loader(train, o.batch_size / world, true, o.seed);
-  if (world > 1) loader.shard(rank, world);
+  data::DataLoader loader(train, o.batch_size / ranks.world, true, o.seed);
+  ranks.shard(loader);
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
@@ -314,8 +284,8 @@ int run_train(const TrainOptions& o) {
     while (std::optional<data::Batch> b = loader.next()) {
       opt->zero_grad();
       Tensor loss = stepper.step(b->images, b->labels);
-      if (reducer) {  // the gradients' means (their buckets mostly in flight already), the loss's
-        reducer->finish();
+      if (o.distributed) {  // the gradients' and the loss's means over the ranks
+        ranks.finish_gradients();
         loss = loss.detach().clone();
         distributed::all_reduce_mean({loss});
       }
@@ -326,8 +296,8 @@ int run_train(const TrainOptions& o) {
           << "the loss became " << l << " at step " << b->index + 1 << " of epoch " << epoch + 1
           << "; training stopped (the weights and metrics of the last finished epoch are kept in "
           << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
-      loss_sum += l * double(b->labels.size(0) * world);
-      seen += b->labels.size(0) * world;
+      loss_sum += l * double(b->labels.size(0) * ranks.world);
+      seen += b->labels.size(0) * ranks.world;
       double elapsed = Seconds(std::chrono::steady_clock::now() - start_time).count();
       double rate = double(seen) / std::max(elapsed, 1e-9);
       progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
@@ -370,8 +340,8 @@ int run_train(const TrainOptions& o) {
     save_safetensors((dir / "weights.safetensors").string(), net->state_dict(),
                      {{"model", o.model},
                       {"epochs", std::to_string(epoch + 1)},
-                      {"input_mean", number(inputs.mean)},
-                      {"input_std", number(inputs.std)}});
+                      {"input_mean", exact_text(inputs.mean)},
+                      {"input_std", exact_text(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
     save_checkpoint(dir, o, *net, *opt, {epoch + 1, 0, 0, 0});
   }
@@ -394,19 +364,10 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
   nn::CrossEntropyLoss criterion(o.label_smoothing);
   // Distributed: this rank's part of each batch, the gradients averaged in the backward pass;
   // the figure is the batch of all ranks together per second.
-  int world = 1;
-  std::unique_ptr<distributed::GradientReducer> reducer;
-  if (o.distributed) {
-    distributed::init();
-    world = distributed::world_size();
-    OPFORGE_CHECK(o.batch_size % world == 0)
-        << "time_training: batch " << o.batch_size << " over " << world << " ranks";
-    distributed::broadcast(net->parameters());
-    reducer = std::make_unique<distributed::GradientReducer>(net->parameters());
-  }
-  data::DataLoader loader(data::head(fm.train, (steps + warmup) * o.batch_size),
-                          o.batch_size / world, true, o.seed, true);
-  if (world > 1) loader.shard(distributed::rank(), world);
+  const data::Dataset some = data::head(fm.train, (steps + warmup) * o.batch_size);
+  Ranks ranks(o, *net, some.size());
+  data::DataLoader loader(some, o.batch_size / ranks.world, true, o.seed, true);
+  ranks.shard(loader);
   loader.start_epoch(0);
   using Clock = std::chrono::steady_clock;
   double phase[4] = {0, 0, 0, 0};
@@ -428,7 +389,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
       loss = criterion((*net)(b->images), b->labels);
     auto t2 = Clock::now();
     if (!stepper.parallel()) loss.backward();
-    if (reducer) reducer->finish();
+    ranks.finish_gradients();
     auto t3 = Clock::now();
     opt->step();
     opt->zero_grad();
@@ -463,12 +424,7 @@ int run_eval(const EvalOptions& o) {
   // Inputs as the model was trained on them (weights from before standardisation have none).
   Standardize inputs;
   auto read = [&](const char* key, double& v) {
-    auto it = f.metadata.find(key);
-    if (it == f.metadata.end()) return;
-    char* end = nullptr;
-    v = std::strtod(it->second.c_str(), &end);
-    OPFORGE_CHECK(end && *end == 0 && std::isfinite(v))
-        << o.weights << ": metadata " << key << " = \"" << it->second << "\" is not a number";
+    v = metadata_number(f.metadata, key, o.weights).value_or(v);
   };
   read("input_mean", inputs.mean);
   read("input_std", inputs.std);

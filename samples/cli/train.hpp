@@ -3,9 +3,12 @@
 // metrics per epoch, a plot); evaluates saved weights with a confusion matrix.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "opforge/torch/nn.hpp"
 
 namespace opforge::cli {
 
@@ -35,6 +38,8 @@ struct TrainOptions {
   std::string resume;
 };
 int run_train(const TrainOptions& o);
+// opforge train's models by name: mlp (784-512-256-10, ReLU) or cnn; an Error for another name.
+std::shared_ptr<torch::nn::Module> make_model(const std::string& name, Generator& g);
 // Before the runtime starts: when --devices names logical CPU devices (cpu:1, ...) and
 // OPFORGE_CPU_DEVICES is unset, sets it to split the cores evenly among them. Returns the
 // setting it made (empty: none).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 
@@ -29,14 +30,33 @@ std::vector<Device> device_list(const std::string& list) {
   return out;
 }
 
-std::string split_str(const std::vector<Device>& devs, const std::vector<int64_t>& samples) {
+std::vector<std::pair<std::string, double>> shares_of(
+    const std::vector<std::pair<std::string, int64_t>>& counts) {
   int64_t total = 0;
-  for (int64_t n : samples) total += n;
+  for (const auto& [name, n] : counts) total += n;
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, n] : counts)
+    out.emplace_back(name, double(n) / double(std::max<int64_t>(total, 1)));
+  return out;
+}
+
+std::string percent_str(const std::vector<std::pair<std::string, double>>& shares) {
   std::ostringstream os;
-  for (size_t i = 0; i < devs.size(); i++)
-    os << (i ? " " : "") << devs[i].str() << " " << std::fixed << std::setprecision(1)
-       << 100.0 * double(samples[i]) / double(std::max<int64_t>(total, 1)) << "%";
+  for (const auto& [name, f] : shares)
+    os << (os.tellp() > 0 ? " " : "") << name << " " << std::fixed << std::setprecision(1)
+       << 100.0 * f << "%";
   return os.str();
+}
+
+std::string split_str(const std::vector<Device>& devs, const std::vector<int64_t>& samples) {
+  return percent_str(shares_of(named(devs, samples)));
+}
+
+std::vector<std::pair<std::string, int64_t>> named(const std::vector<Device>& devs,
+                                                   const std::vector<int64_t>& samples) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (size_t i = 0; i < devs.size(); i++) out.emplace_back(devs[i].str(), samples[i]);
+  return out;
 }
 
 std::string split_cores_for(const std::string& list) {
@@ -69,6 +89,23 @@ std::string split_cores_for(const std::string& list) {
   std::string spec = os.str();
   setenv("OPFORGE_CPU_DEVICES", spec.c_str(), 1);
   return spec;
+}
+
+Ranks::Ranks(const TrainOptions& o, torch::nn::Module& net, int64_t samples) {
+  if (!o.distributed) return;
+  torch::distributed::init();
+  rank = torch::distributed::rank();
+  world = torch::distributed::world_size();
+  OPFORGE_CHECK(o.batch_size % world == 0)
+      << "--batch-size " << o.batch_size << " is the batch of all ranks together: it must divide "
+      << "by the " << world << " ranks";
+  torch::distributed::broadcast(net.parameters());
+  std::ostringstream agree;
+  agree << o.model << " " << samples << " " << o.batch_size;
+  for (const auto& [name, t] : net.named_parameters()) agree << " " << name << shape_str(t.shape());
+  torch::distributed::check_same(std::hash<std::string>{}(agree.str()),
+                                 "model, data or batch size");
+  reducer = std::make_unique<torch::distributed::GradientReducer>(net.parameters());
 }
 
 }  // namespace opforge::cli

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "opforge/torch.hpp"
+#include "opforge/torch/data.hpp"
+#include "opforge/torch/distributed.hpp"
 #include "train.hpp"
 
 namespace opforge::cli {
@@ -16,7 +18,14 @@ namespace opforge::cli {
 // The devices of --devices: a comma-separated list, or auto: every device that runs kernels but
 // those automatic placement leaves out (an OpenCL device on the host's own cores).
 std::vector<Device> device_list(const std::string& list);
-// "cpu:0 61.5% cpu:1 38.5%": each device's share of the samples.
+// Each name's count as a fraction of them all.
+std::vector<std::pair<std::string, double>> shares_of(
+    const std::vector<std::pair<std::string, int64_t>>& counts);
+// "cpu:0 61.5% cpu:1 38.5%".
+std::string percent_str(const std::vector<std::pair<std::string, double>>& shares);
+std::vector<std::pair<std::string, int64_t>> named(const std::vector<Device>& devs,
+                                                   const std::vector<int64_t>& samples);
+// Each device's share of the samples, as percent_str gives it.
 std::string split_str(const std::vector<Device>& devs, const std::vector<int64_t>& samples);
 
 // The model's training step on a batch: over the devices of --devices (DataParallel), or the
@@ -87,14 +96,8 @@ class Stepper {
     return parallel_ ? split_str(parallel_->devices(), samples_) : "";
   }
   std::vector<std::pair<std::string, double>> shares_since_reset() const {
-    std::vector<std::pair<std::string, double>> out;
-    if (!parallel_) return out;
-    int64_t total = 0;
-    for (int64_t n : samples_) total += n;
-    for (size_t i = 0; i < samples_.size(); i++)
-      out.emplace_back(parallel_->devices()[i].str(),
-                       double(samples_[i]) / double(std::max<int64_t>(total, 1)));
-    return out;
+    if (!parallel_) return {};
+    return shares_of(named(parallel_->devices(), samples_));
   }
   // Each device's mean milliseconds per step for its share since reset().
   std::vector<double> share_ms_since_reset() const {
@@ -116,6 +119,24 @@ class Stepper {
   std::vector<int64_t> samples_;
   std::vector<double> seconds_;
   int64_t steps_ = 0;
+};
+
+// --distributed: this process as one of mpirun's ranks, each training on its part of every batch,
+// the gradients averaged as the backward pass produces them; without it a world of one.
+struct Ranks {
+  int rank = 0, world = 1;
+  std::unique_ptr<torch::distributed::GradientReducer> reducer;
+  // Starts MPI, checks that the batch divides by the ranks, broadcasts rank 0's parameters and
+  // refuses ranks whose model, data size (`samples`) or batch size differ.
+  Ranks(const TrainOptions& o, torch::nn::Module& net, int64_t samples);
+  bool lead() const { return rank == 0; }
+  void shard(torch::data::DataLoader& loader) const {
+    if (world > 1) loader.shard(rank, world);
+  }
+  // After the backward pass: the gradients' means over the ranks.
+  void finish_gradients() {
+    if (reducer) reducer->finish();
+  }
 };
 
 }  // namespace opforge::cli

@@ -94,10 +94,11 @@ int run_mpi_worker(int64_t batch_size) {
   TrainTiming t = time_training(o, 60, 10);
   const bool lead = !o.distributed || torch::distributed::rank() == 0;
   if (o.distributed && torch::distributed::world_size() > 1) {
-    // One all-reduce of tensors the size of the MLP's gradients, timed alone.
-    std::vector<Tensor> grads = {Tensor::ones({512, 784}), Tensor::ones({512}),
-                                 Tensor::ones({256, 512}), Tensor::ones({256}),
-                                 Tensor::ones({10, 256}),  Tensor::ones({10})};
+    // One all-reduce of tensors the size of the model's gradients, timed alone.
+    Generator g(0);
+    std::vector<Tensor> grads;
+    for (const Tensor& p : make_model(o.model, g)->parameters())
+      grads.push_back(Tensor::ones(p.shape(), p.dtype()));
     std::vector<double> ms;
     for (int k = 0; k < 21; k++) {
       torch::distributed::barrier();

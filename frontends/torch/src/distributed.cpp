@@ -80,6 +80,73 @@ void check_host(const Tensor& t, const char* what) {
       << "distributed: " << what << " takes contiguous host tensors, got one of shape "
       << shape_str(t.shape()) << " on " << t.device().str();
 }
+
+size_t bytes_of(const Tensor& t) { return size_t(t.numel()) * t.element_size(); }
+
+// Tensors packed into buckets, each summed over the ranks by one MPI_Iallreduce: all_reduce_mean's
+// and GradientReducer's. A bucket holds tensors of one dtype, its members by their index in the
+// list it was made from.
+struct Bucket {
+  std::vector<size_t> members;
+  std::vector<char> data;
+  MPI_Datatype type = MPI_FLOAT;
+  size_t element = 4;  // bytes
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+// The tensors like[k] for k in `order`, in buckets of at most `cap` bytes (the first at most
+// `first_cap`); a tensor larger than that is a bucket alone.
+std::vector<Bucket> make_buckets(const std::vector<Tensor>& like, const std::vector<size_t>& order,
+                                 size_t cap, size_t first_cap) {
+  OPFORGE_CHECK(cap > 0 && first_cap > 0) << "distributed: a bucket of 0 bytes";
+  std::vector<Bucket> buckets;
+  for (size_t k : order) {
+    const MPI_Datatype type = type_of(like[k]);
+    const size_t bytes = bytes_of(like[k]);
+    const size_t limit = buckets.size() == 1 ? std::min(first_cap, cap) : cap;
+    if (buckets.empty() || buckets.back().type != type ||
+        buckets.back().data.size() + bytes > limit)
+      buckets.push_back({{}, {}, type, like[k].element_size(), MPI_REQUEST_NULL});
+    buckets.back().members.push_back(k);
+    buckets.back().data.resize(buckets.back().data.size() + bytes);
+  }
+  return buckets;
+}
+
+// Packs value(k) of each member (zeros where it is undefined; `like` gives the sizes) and starts
+// the bucket's reduction.
+template <class Value>
+void start(Bucket& b, const std::vector<Tensor>& like, Value value) {
+  size_t at = 0;
+  for (size_t k : b.members) {
+    const size_t bytes = bytes_of(like[k]);
+    if (Tensor v = value(k); v.defined()) {
+      check_host(v, "the reduction");
+      std::memcpy(b.data.data() + at, v.const_data(), bytes);
+    } else {
+      std::memset(b.data.data() + at, 0, bytes);
+    }
+    at += bytes;
+  }
+  check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), int(b.data.size() / b.element), b.type, MPI_SUM,
+                       MPI_COMM_WORLD, &b.request),
+        "MPI_Iallreduce");
+}
+
+// Waits for the bucket and writes each member's mean into dest(k), a contiguous host tensor.
+template <class Dest>
+void land(Bucket& b, const std::vector<Tensor>& like, Dest dest, double scale) {
+  check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
+  autograd::NoGradGuard no_grad;
+  size_t at = 0;
+  for (size_t k : b.members) {
+    Tensor d = dest(k);
+    const size_t bytes = bytes_of(like[k]);
+    std::memcpy(d.data(), b.data.data() + at, bytes);
+    at += bytes;
+    d.mul_(scale);
+  }
+}
 }  // namespace
 
 void init() {
@@ -131,115 +198,61 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
 
 void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
   require_started("all_reduce_mean()");
-  OPFORGE_CHECK(bucket_bytes > 0) << "distributed: a bucket of 0 bytes";
-  const int world = world_size();
-  struct Bucket {
-    std::vector<Tensor> members;
-    std::vector<char> data;
-    MPI_Request request = MPI_REQUEST_NULL;
-  };
-  std::vector<Bucket> buckets;
-  for (const Tensor& t : tensors) {
-    if (!t.defined()) continue;
-    check_host(t, "all_reduce_mean");
-    type_of(t);
-    const size_t bytes = size_t(t.numel()) * t.element_size();
-    bool fits = !buckets.empty() && buckets.back().members[0].dtype() == t.dtype() &&
-                buckets.back().data.size() + bytes <= bucket_bytes;
-    if (!fits) buckets.emplace_back();
-    Bucket& b = buckets.back();
-    const size_t at = b.data.size();
-    b.data.resize(at + bytes);
-    std::memcpy(b.data.data() + at, t.const_data(), bytes);
-    b.members.push_back(t);
-  }
+  std::vector<size_t> order;
+  for (size_t k = 0; k < tensors.size(); k++)
+    if (tensors[k].defined()) {
+      check_host(tensors[k], "all_reduce_mean");
+      order.push_back(k);
+    }
+  std::vector<Bucket> buckets = make_buckets(tensors, order, bucket_bytes, bucket_bytes);
+  auto same = [&](size_t k) { return tensors[k]; };
   // Every bucket in flight at once; MPI progresses them together. Should one fail to start,
   // those started are waited for before their buffers go.
   try {
-    for (Bucket& b : buckets) {
-      const Tensor& first = b.members[0];
-      const int count = int(b.data.size() / first.element_size());
-      check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), count, type_of(first), MPI_SUM,
-                           MPI_COMM_WORLD, &b.request),
-            "MPI_Iallreduce");
-    }
+    for (Bucket& b : buckets) start(b, tensors, same);
   } catch (...) {
     for (Bucket& b : buckets) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
     throw;
   }
-  for (Bucket& b : buckets) {
-    check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
-    size_t at = 0;
-    for (const Tensor& t : b.members) {
-      const size_t bytes = size_t(t.numel()) * t.element_size();
-      void* dst = t.data();
-      std::memcpy(dst, b.data.data() + at, bytes);
-      at += bytes;
-      autograd::NoGradGuard no_grad;
-      Tensor(t).mul_(1.0 / double(world));
-    }
-  }
+  for (Bucket& b : buckets) land(b, tensors, same, 1.0 / double(world_size()));
 }
 
 struct GradientReducer::Impl {
-  struct Bucket {
-    std::vector<size_t> members;  // parameter indices
-    std::vector<char> data;
-    MPI_Request request = MPI_REQUEST_NULL;
-    size_t ready = 0;
-    bool started = false;
-  };
   std::vector<Tensor> params;
   std::vector<uint64_t> hooks;
   std::vector<size_t> bucket_of;
   std::vector<Bucket> buckets;
-  std::vector<char> seen;   // this pass: the parameter's gradient was accumulated
-  std::vector<char> stale;  // by bucket: started, then a gradient in it accumulated again
+  std::vector<size_t> ready;  // by bucket: its gradients accumulated this pass
+  std::vector<char> started;  // by bucket
+  std::vector<char> stale;    // by bucket: started, then a gradient in it accumulated again
+  std::vector<char> seen;     // by parameter: its gradient was accumulated this pass
   size_t early = 0, early_last = 0;
   std::mutex mu;  // hooks may come from several threads' backward passes
 
+  void start_bucket(size_t bi) {
+    start(buckets[bi], params, [&](size_t k) {
+      Tensor g = params[k].grad();
+      return g.defined() ? g.contiguous() : g;
+    });
+    started[bi] = 1;
+  }
   void on_gradient(size_t k) {
     std::lock_guard<std::mutex> lock(mu);
     const size_t bi = bucket_of[k];
-    Bucket& b = buckets[bi];
     if (seen[k]) {  // a second backward() before finish(): the bucket is reduced again there
-      if (b.started) stale[bi] = 1;
+      if (started[bi]) stale[bi] = 1;
       return;
     }
     seen[k] = 1;
-    if (!b.started && ++b.ready == b.members.size()) {
-      start(b);
+    if (!started[bi] && ++ready[bi] == buckets[bi].members.size()) {
+      start_bucket(bi);
       early++;
     }
-    progress();
-  }
-
-  void start(Bucket& b) {
-    size_t at = 0;
-    for (size_t j : b.members) {
-      const Tensor& p = params[j];
-      const size_t bytes = size_t(p.numel()) * p.element_size();
-      Tensor g = p.grad();
-      if (g.defined()) {
-        check_host(g, "GradientReducer");
-        std::memcpy(b.data.data() + at, g.contiguous().const_data(), bytes);
-      } else {
-        std::memset(b.data.data() + at, 0, bytes);
-      }
-      at += bytes;
-    }
-    const Tensor& first = params[b.members[0]];
-    check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), int(b.data.size() / first.element_size()),
-                         type_of(first), MPI_SUM, MPI_COMM_WORLD, &b.request),
-          "MPI_Iallreduce");
-    b.started = true;
-  }
-  // MPI moves a non-blocking collective on only inside MPI calls (OpenMPI runs no progress
-  // thread by default): a test of the buckets in flight at each gradient lets them advance while
-  // the backward pass goes on.
-  void progress() {
+    // MPI moves a non-blocking collective on only inside MPI calls (OpenMPI runs no progress
+    // thread by default): a test of the buckets in flight at each gradient lets them advance
+    // while the backward pass goes on.
     for (Bucket& b : buckets)
-      if (b.started && b.request != MPI_REQUEST_NULL) {
+      if (b.request != MPI_REQUEST_NULL) {
         int done = 0;
         check(MPI_Test(&b.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
       }
@@ -250,26 +263,19 @@ GradientReducer::GradientReducer(std::vector<Tensor> params, size_t bucket_bytes
                                  size_t first_bucket_bytes)
     : impl_(std::make_unique<Impl>()) {
   require_started("GradientReducer");
-  OPFORGE_CHECK(bucket_bytes > 0) << "GradientReducer: a bucket of 0 bytes";
   Impl& m = *impl_;
   for (const Tensor& p : params)
     if (p.requires_grad()) m.params.push_back(p);
+  std::vector<size_t> last_first(m.params.size());  // their gradients come first in backward
+  for (size_t k = 0; k < last_first.size(); k++) last_first[k] = last_first.size() - 1 - k;
+  m.buckets = make_buckets(m.params, last_first, bucket_bytes, first_bucket_bytes);
   m.bucket_of.resize(m.params.size());
-  m.seen.assign(m.params.size(), 0);
-  for (size_t k = m.params.size(); k-- > 0;) {  // the last parameters first
-    const Tensor& p = m.params[k];
-    type_of(p);
-    const size_t bytes = size_t(p.numel()) * p.element_size();
-    const size_t cap =
-        m.buckets.size() == 1 ? std::min(first_bucket_bytes, bucket_bytes) : bucket_bytes;
-    bool fits = !m.buckets.empty() && m.params[m.buckets.back().members[0]].dtype() == p.dtype() &&
-                m.buckets.back().data.size() + bytes <= cap;
-    if (!fits) m.buckets.emplace_back();
-    m.buckets.back().members.push_back(k);
-    m.buckets.back().data.resize(m.buckets.back().data.size() + bytes);
-    m.bucket_of[k] = m.buckets.size() - 1;
-  }
+  for (size_t bi = 0; bi < m.buckets.size(); bi++)
+    for (size_t k : m.buckets[bi].members) m.bucket_of[k] = bi;
+  m.ready.assign(m.buckets.size(), 0);
+  m.started.assign(m.buckets.size(), 0);
   m.stale.assign(m.buckets.size(), 0);
+  m.seen.assign(m.params.size(), 0);
   for (size_t k = 0; k < m.params.size(); k++)
     m.hooks.push_back(autograd::register_post_accumulate_grad_hook(
         m.params[k], [impl = impl_.get(), k](const Tensor&) { impl->on_gradient(k); }));
@@ -279,44 +285,36 @@ GradientReducer::~GradientReducer() {
   if (!impl_) return;
   for (size_t k = 0; k < impl_->hooks.size(); k++)
     autograd::remove_post_accumulate_grad_hook(impl_->params[k], impl_->hooks[k]);
-  for (Impl::Bucket& b : impl_->buckets)  // an exception left some in flight
-    if (b.started) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+  for (Bucket& b : impl_->buckets)  // an exception left some in flight
+    MPI_Wait(&b.request, MPI_STATUS_IGNORE);
 }
 
 void GradientReducer::finish() {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
-  for (Impl::Bucket& b : m.buckets)
-    if (!b.started) m.start(b);
+  for (size_t bi = 0; bi < m.buckets.size(); bi++)
+    if (!m.started[bi]) m.start_bucket(bi);
+  // A parameter without a gradient (zeros in the sum) or with a strided one gets a new one.
+  auto grad_of = [&](size_t k) {
+    Tensor p = m.params[k], g = p.grad();
+    if (!g.defined() || !g.is_contiguous()) {
+      g = Tensor::empty(p.shape(), p.dtype());
+      p.set_grad(g);
+    }
+    return g;
+  };
   const double scale = 1.0 / double(world_size());
-  autograd::NoGradGuard no_grad;
   for (size_t bi = 0; bi < m.buckets.size(); bi++) {
-    Impl::Bucket& b = m.buckets[bi];
-    check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
     if (m.stale[bi]) {  // what it reduced is not the gradients now: again, with them
-      m.start(b);
-      check(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
-      m.stale[bi] = 0;
+      check(MPI_Wait(&m.buckets[bi].request, MPI_STATUS_IGNORE), "MPI_Wait");
+      m.start_bucket(bi);
     }
-    b.started = false;
-    b.ready = 0;
-    size_t at = 0;
-    for (size_t j : b.members) {
-      Tensor p = m.params[j];
-      Tensor g = p.grad();
-      if (!g.defined() || !g.is_contiguous()) {
-        g = Tensor::empty(p.shape(), p.dtype());
-        p.set_grad(g);
-      }
-      const size_t bytes = size_t(g.numel()) * g.element_size();
-      std::memcpy(g.data(), b.data.data() + at, bytes);
-      at += bytes;
-      g.mul_(scale);
-    }
+    land(m.buckets[bi], m.params, grad_of, scale);
   }
   m.early_last = m.early;
   m.early = 0;
-  std::fill(m.seen.begin(), m.seen.end(), 0);
+  for (auto* v : {&m.started, &m.stale, &m.seen}) std::fill(v->begin(), v->end(), 0);
+  std::fill(m.ready.begin(), m.ready.end(), 0);
 }
 
 size_t GradientReducer::buckets() const { return impl_->buckets.size(); }

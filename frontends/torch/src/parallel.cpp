@@ -38,48 +38,39 @@ const Module* shared_state(const Module& m) {
   return nullptr;
 }
 
+// Where each device's share starts in the batch.
+std::vector<int64_t> offsets(const std::vector<int64_t>& split) {
+  std::vector<int64_t> begin(split.size(), 0);
+  for (size_t i = 1; i < split.size(); i++) begin[i] = begin[i - 1] + split[i - 1];
+  return begin;
+}
+
 // Runs body(i, begin, count) for each device's share, device 0's on the calling thread, each
 // pinned to its device; returns each one's error (null where it succeeded).
 template <class Body>
 std::vector<std::exception_ptr> run_shares(const std::vector<Device>& devs,
                                            const std::vector<int64_t>& split, Body body) {
   std::vector<std::exception_ptr> errors(devs.size());
-  auto run = [&](size_t i, int64_t begin) {
+  const std::vector<int64_t> begin = offsets(split);
+  auto run = [&](size_t i) {
     if (split[i] == 0) return;
     try {
       DefaultDevice on(devs[i]);
-      body(i, begin, split[i]);
+      body(i, begin[i], split[i]);
     } catch (...) {
       errors[i] = std::current_exception();
     }
   };
   std::vector<std::thread> threads;
   try {
-    int64_t begin = split[0];
-    for (size_t i = 1; i < devs.size(); begin += split[i], i++) threads.emplace_back(run, i, begin);
+    for (size_t i = 1; i < devs.size(); i++) threads.emplace_back(run, i);
   } catch (...) {  // no thread left joinable (std::terminate) when one cannot start
     for (std::thread& t : threads) t.join();
     throw;
   }
-  run(0, 0);
+  run(0);
   for (std::thread& t : threads) t.join();
   return errors;
-}
-
-// Raises a share's error as an Error (or OutOfMemoryError) naming the device.
-[[noreturn]] void raise(const Device& d, int64_t samples, const std::exception_ptr& error,
-                        const std::string& more = "") {
-  std::ostringstream where;
-  where << "DataParallel: the share of " << d.str() << " (" << samples << " samples) failed" << more
-        << ": ";
-  try {
-    std::rethrow_exception(error);
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(where.str() + e.what());
-  } catch (const std::exception& e) {
-    throw Error(where.str() + e.what());
-  }
-  throw Error(where.str() + "an unknown exception");
 }
 
 std::string what_of(const std::exception_ptr& error) {
@@ -90,6 +81,21 @@ std::string what_of(const std::exception_ptr& error) {
   } catch (...) {
     return "an unknown exception";
   }
+}
+
+// Raises a share's error as an Error (an OutOfMemoryError if it was one) naming the device.
+[[noreturn]] void raise(const Device& d, int64_t samples, const std::exception_ptr& error,
+                        const std::string& more = "") {
+  std::ostringstream msg;
+  msg << "DataParallel: the share of " << d.str() << " (" << samples << " samples) failed" << more
+      << ": " << what_of(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const OutOfMemoryError&) {
+    throw OutOfMemoryError(msg.str());
+  } catch (...) {
+  }
+  throw Error(msg.str());
 }
 }  // namespace
 
@@ -219,9 +225,10 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       }
       done += m;
     }
-    if (on == i) mb.after_step(count, ran_out);  // a share run for another device is not its own
-    if (on == i)
+    if (on == i) {  // a share run for another device is not its own
+      mb.after_step(count, ran_out);
       seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
   };
   std::vector<std::exception_ptr> errors = run_shares(
       devices_, split, [&](size_t i, int64_t begin, int64_t count) { share(i, begin, count, i); });
@@ -240,11 +247,9 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     if (healthy == n) raise(devices_[i], split[i], errors[i]);
     grads[i].clear();
     losses[i] = Tensor();
-    int64_t begin = 0;
-    for (size_t k = 0; k < i; k++) begin += split[k];
     try {
       DefaultDevice on(devices_[healthy]);
-      share(i, begin, split[i], healthy);
+      share(i, offsets(split)[i], split[i], healthy);
     } catch (...) {
       std::ostringstream again;
       again << " (and again on " << devices_[healthy].str() << ", so not for the device's sake)";

@@ -124,10 +124,10 @@ uint64_t memory_allocated(const Device& d) { return gpu_memory(d, "memory_alloca
 uint64_t memory_reserved(const Device& d) { return gpu_memory(d, "memory_reserved").reserved(); }
 void empty_cache(const Device& d) { gpu_memory(d, "empty_cache").empty_cache(); }
 void set_memory_fraction(const Device& d, double fraction) {
+  OPFORGE_CHECK(fraction > 0 && fraction <= 1)
+      << "set_memory_fraction: " << fraction << " is not in (0, 1]";
   if (d.kind == DeviceKind::cpu) {
     check_exists(d, "set_memory_fraction");
-    OPFORGE_CHECK(fraction > 0 && fraction <= 1)
-        << "set_memory_fraction: " << fraction << " is not in (0, 1]";
     detail::set_host_cap(d.index, uint64_t(fraction * double(total_mem_on_dev(d))));
     return;
   }

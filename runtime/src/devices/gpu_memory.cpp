@@ -138,9 +138,7 @@ size_t DeviceMemory::reserved() const {
   return allocated_ + cached_;
 }
 
-void DeviceMemory::set_fraction(double fraction) {
-  OPFORGE_CHECK(fraction > 0 && fraction <= 1)
-      << "set_memory_fraction: " << fraction << " is not in (0, 1]";
+void DeviceMemory::set_fraction(double fraction) {  // in (0, 1]: set_memory_fraction checked it
   std::lock_guard<std::mutex> lock(mu_);
   limit_ = size_t(fraction * double(total_));
 }
