@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "opforge/adaptive_batch.hpp"
 #include "opforge/batch_split.hpp"
 #include "opforge/opforge.hpp"
 #include "opforge/torch/nn.hpp"
@@ -89,6 +90,82 @@ TEST(ThroughputSplit, RefusesBadInput) {
   // A time that is not a positive finite number leaves the estimate as it was.
   s.record({10, 10}, {0.0, NAN});
   EXPECT_EQ(s.rates(), (std::vector<double>{1.0, 1.0}));
+}
+
+// A device whose samples per second saturate with the batch: 10 000 b / (b + 16), times `slow`.
+struct Saturating {
+  double slow = 1;
+  double seconds(int64_t b) const { return double(b + 16) / 10000.0 * slow; }
+};
+
+// Bounds, and measurements by step counts only (the synthetic steps take milliseconds).
+AdaptiveBatchSize::Options by_steps(int64_t min, int64_t max) {
+  AdaptiveBatchSize::Options o;
+  o.min = min;
+  o.max = max;
+  o.warmup = 1;
+  o.window_seconds = 0;
+  return o;
+}
+
+TEST(AdaptiveBatchSize, GrowsWhileThroughputRisesThenSettles) {
+  AdaptiveBatchSize::Options o = by_steps(16, 1024);
+  o.settle = 100;
+  AdaptiveBatchSize a(32, o);
+  Saturating device;
+  std::vector<std::pair<int64_t, int64_t>> changes;
+  for (int step = 0; step < 80; step++) {
+    const int64_t b = a.batch();
+    if (auto c = a.record(b, device.seconds(b), false)) {
+      EXPECT_EQ(c->from, b);
+      changes.emplace_back(c->from, c->to);
+    }
+  }
+  // 32 -> 64 (+20% samples/s) -> 128 (+11%) -> 256 (+6%) -> 512 (+3%, too little) -> 256.
+  EXPECT_EQ(changes, (std::vector<std::pair<int64_t, int64_t>>{
+                         {32, 64}, {64, 128}, {128, 256}, {256, 512}, {512, 256}}));
+  EXPECT_EQ(a.batch(), 256);
+  // Settled: no try of a larger batch before `settle` steps; a try after them.
+  int64_t tried_at = 0;
+  for (int step = 0; step < 100 && tried_at == 0; step++)
+    if (a.record(256, device.seconds(256), false)) tried_at = step + 1;
+  EXPECT_GE(tried_at, 60) << "a larger batch tried " << tried_at << " steps after settling";
+  EXPECT_EQ(a.batch(), 512);
+}
+
+TEST(AdaptiveBatchSize, ShrinksUnderLoadAndWhenMemoryRunsShort) {
+  AdaptiveBatchSize::Options o = by_steps(16, 256);
+  AdaptiveBatchSize a(256, o);
+  Saturating device;
+  for (int step = 0; step < 20; step++) EXPECT_FALSE(a.record(256, device.seconds(256), false));
+  // Another process takes half the device: within two windows (one slow one may be noise) the
+  // batch halves, saying why.
+  device.slow = 2;
+  std::optional<AdaptiveBatchSize::Change> c;
+  int steps = 0;
+  while (!c && steps < 20) c = a.record(256, device.seconds(256), false), steps++;
+  ASSERT_TRUE(c);
+  EXPECT_LE(steps, 17);
+  EXPECT_EQ(c->to, 128);
+  EXPECT_NE(c->why.find("under load"), std::string::npos) << c->why;
+  // Memory short (heeded after the warm-up step and a window at the batch): halved at once, and
+  // no growth past it.
+  for (int step = 0; step < 9; step++) EXPECT_FALSE(a.record(128, device.seconds(128), true));
+  c = a.record(128, device.seconds(128), true);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->to, 64);
+  EXPECT_NE(c->why.find("memory"), std::string::npos) << c->why;
+  for (int step = 0; step < 90; step++) {
+    auto more = a.record(a.batch(), device.seconds(a.batch()), false);
+    EXPECT_FALSE(more.has_value()) << "changed to " << more->to << " at step " << step;
+  }
+  // Never below the bound.
+  AdaptiveBatchSize low(16, o);
+  for (int step = 0; step < 30; step++) EXPECT_FALSE(low.record(16, 1.0, true));
+  EXPECT_EQ(low.batch(), 16);
+  EXPECT_THROW(AdaptiveBatchSize(8, o), Error);
+  o.min = 300;
+  EXPECT_THROW(AdaptiveBatchSize(300, o), Error);
 }
 
 // The devices to split over: both logical CPU devices where they are configured, else the CPU.
@@ -263,20 +340,29 @@ TEST(DataParallel, RefusesWhatItCannotSplit) {
   nn::CrossEntropyLoss criterion;
   Batch b = batch(8, 1);
   EXPECT_THROW(dp.forward_backward(b.x, b.y.slice(0, 0, 7), criterion), Error);
-  // Dropout in training mode would draw from one generator on several threads at once.
-  auto with_dropout =
+  // A layer of the user's with a buffer of its own, in training mode, which the shares' threads
+  // would change at once.
+  struct Counting : nn::Module {
+    Counting() { calls = register_buffer("calls", Tensor::zeros({}, DType::Int64)); }
+    Tensor forward(const Tensor& x) override {
+      calls.add_(1.0);
+      return x;
+    }
+    std::string name() const override { return "Counting"; }
+    Tensor calls;
+  };
+  auto with_state =
       std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-          std::make_shared<nn::Linear>(12, 5, true, DType::Float64),
-          std::make_shared<nn::Dropout>(0.5)});
-  nn::DataParallel dropout_dp(with_dropout, cpu_devices());
+          std::make_shared<nn::Linear>(12, 5, true, DType::Float64), std::make_shared<Counting>()});
+  nn::DataParallel stateful_dp(with_state, cpu_devices());
   try {
-    dropout_dp.forward_backward(b.x, b.y, criterion);
-    ADD_FAILURE() << "Dropout in training mode was not refused";
+    stateful_dp.forward_backward(b.x, b.y, criterion);
+    ADD_FAILURE() << "a training-mode layer with a buffer was not refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Dropout"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Counting"), std::string::npos) << e.what();
   }
-  with_dropout->eval();
-  EXPECT_EQ(dropout_dp.forward(b.x).size(0), 8);
+  with_state->eval();
+  EXPECT_EQ(stateful_dp.forward(b.x).size(0), 8);
   // An error that is not the device's (it happens wherever the share runs) names the device
   // that met it first, no gradient is added, and every device stays.
   auto failing = [&](const Tensor&, const Tensor&) -> Tensor { throw Error("no loss here"); };
@@ -306,9 +392,10 @@ TEST(DataParallel, ADeviceThatFailsLeavesTheSplitAndTheStepGoesOn) {
   std::vector<std::vector<double>> want;
   for (const Tensor& p : net->parameters()) want.push_back(p.grad().to_vector<double>());
   net->zero_grad();
-  // The last device fails whatever it runs (as a device that is gone would).
+  // The last device fails whatever it runs (as a device that is gone would) while `gone`.
+  bool gone = true;
   auto on_a_lost_device = [&](const Tensor& out, const Tensor& y) -> Tensor {
-    if (default_device() == lost) throw Error("device lost");
+    if (gone && default_device() == lost) throw Error("device lost");
     return criterion(out, y);
   };
   nn::DataParallel dp(net, devs);
@@ -329,6 +416,163 @@ TEST(DataParallel, ADeviceThatFailsLeavesTheSplitAndTheStepGoesOn) {
   dp.forward_backward(b.x, b.y, on_a_lost_device);
   EXPECT_EQ(total(dp.last_split()), 40);
   EXPECT_EQ(dp.dropped().size(), 1u);
+  // Working again, it returns after rejoin_after() steps and runs a share.
+  dp.rejoin_after(3);
+  gone = false;
+  for (int step = 1; step <= 3; step++) {
+    dp.forward_backward(b.x, b.y, on_a_lost_device);
+    EXPECT_EQ(dp.dropped().size(), step < 3 ? 1u : 0u) << "step " << step;
+  }
+  ASSERT_EQ(dp.devices(), devs);
+  EXPECT_GT(dp.last_split().back(), 0);
+  EXPECT_EQ(total(dp.last_split()), 40);
+  // Failing again, it leaves for twice as long.
+  gone = true;
+  dp.forward_backward(b.x, b.y, on_a_lost_device);
+  ASSERT_EQ(dp.dropped().size(), 1u);
+  gone = false;
+  for (int step = 1; step <= 7; step++) {
+    dp.forward_backward(b.x, b.y, on_a_lost_device);
+    EXPECT_EQ(dp.dropped().size(), step < 7 ? 1u : 0u) << "step " << step;
+  }
+  EXPECT_EQ(dp.devices(), devs);
+  EXPECT_THROW(dp.rejoin_after(-1), Error);
+}
+
+// Float64 parameters of `net` and `other` made equal, from a seed.
+void same_parameters(nn::Module& net, nn::Module& other, uint64_t seed) {
+  Generator g(seed);
+  std::vector<Tensor> a = net.parameters(), b = other.parameters();
+  autograd::NoGradGuard no_grad;
+  for (size_t j = 0; j < a.size(); j++) {
+    Tensor v = sub(Tensor::rand(a[j].shape(), DType::Float64, g), 0.5);
+    a[j].copy_(v);
+    b[j].copy_(v);
+  }
+}
+
+std::vector<std::vector<double>> gradients(nn::Module& net) {
+  std::vector<std::vector<double>> out;
+  for (const Tensor& p : net.parameters()) out.push_back(p.grad().to_vector<double>());
+  return out;
+}
+
+void expect_near(const std::vector<std::vector<double>>& got,
+                 const std::vector<std::vector<double>>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < got.size(); j++) {
+    ASSERT_EQ(got[j].size(), want[j].size());
+    for (size_t k = 0; k < got[j].size(); k++)
+      ASSERT_NEAR(got[j][k], want[j][k], 1e-12 + 1e-10 * std::abs(want[j][k]))
+          << what << ": parameter " << j << " element " << k;
+  }
+}
+
+std::shared_ptr<nn::Sequential> mlp_with_dropout(Generator& masks) {
+  return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(12, 32, true, DType::Float64), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Dropout>(0.4, masks),
+      std::make_shared<nn::Linear>(32, 5, true, DType::Float64)});
+}
+
+TEST(DataParallel, DropoutMasksDoNotDependOnTheSplit) {
+  // A sample's mask is drawn from the step's seed and its place in the batch: the gradients over
+  // all the devices equal those over one device, step after step, and differ from step to step.
+  Generator masks_one(21), masks_all(21);
+  auto one = mlp_with_dropout(masks_one), all = mlp_with_dropout(masks_all);
+  same_parameters(*one, *all, 4);
+  nn::CrossEntropyLoss criterion;
+  nn::DataParallel on_one(one, {cpu_devices()[0]}), on_all(all, cpu_devices());
+  std::vector<std::vector<double>> before;
+  for (int step = 0; step < 3; step++) {
+    Batch b = batch(45, uint64_t(step));
+    one->zero_grad();
+    all->zero_grad();
+    Tensor l1 = on_one.forward_backward(b.x, b.y, criterion);
+    Tensor l2 = on_all.forward_backward(b.x, b.y, criterion);
+    EXPECT_NEAR(l2.item(), l1.item(), 1e-12);
+    expect_near(gradients(*all), gradients(*one), "step " + std::to_string(step));
+    if (step == 0) before = gradients(*one);
+  }
+  // The masks really drop: a step without Dropout (eval) gives other gradients.
+  Batch b = batch(45, 0);
+  one->zero_grad();
+  one->eval();
+  nn::DataParallel(one, {cpu_devices()[0]}).forward_backward(b.x, b.y, criterion);
+  std::vector<double> kept = gradients(*one)[0];
+  double differ = 0;
+  for (size_t k = 0; k < kept.size(); k++)
+    differ = std::max(differ, std::abs(kept[k] - before[0][k]));
+  EXPECT_GT(differ, 1e-3);
+
+  // What is dropped: about p of the values, the others scaled by 1 / (1 - p); the same values on
+  // one device as on all, in forward() too.
+  Generator g1(5), g2(5);
+  auto drop1 = std::make_shared<nn::Dropout>(0.3, g1),
+       drop2 = std::make_shared<nn::Dropout>(0.3, g2);
+  Tensor x = Tensor::ones({400, 25}, DType::Float64);
+  std::vector<double> y1 =
+      nn::DataParallel(drop1, {cpu_devices()[0]}).forward(x).to_vector<double>();
+  std::vector<double> y2 = nn::DataParallel(drop2, cpu_devices()).forward(x).to_vector<double>();
+  ASSERT_EQ(y1, y2);
+  size_t zeros = 0;
+  for (double v : y1) {
+    ASSERT_TRUE(v == 0 || std::abs(v - 1 / 0.7) < 1e-15) << v;
+    zeros += v == 0;
+  }
+  EXPECT_NEAR(double(zeros) / double(y1.size()), 0.3, 0.03);
+}
+
+TEST(DataParallel, BatchNormSharesNormaliseAloneAndUpdateTheRunningStatisticsOnce) {
+  auto make = [] {
+    return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::BatchNorm2d>(3, 1e-5, 0.1, true, DType::Float64),
+        std::make_shared<nn::Flatten>(),
+        std::make_shared<nn::Linear>(12, 5, true, DType::Float64)});
+  };
+  auto net = make(), whole = make(), parts = make();
+  same_parameters(*net, *whole, 8);
+  same_parameters(*net, *parts, 8);
+  nn::CrossEntropyLoss criterion;
+  Generator g(3);
+  Tensor x = add(mul(Tensor::rand({37, 3, 2, 2}, DType::Float64, g), 3.0), 1.0);
+  Batch b = batch(37, 9);
+  nn::DataParallel dp(net, cpu_devices());
+  Tensor loss = dp.forward_backward(x, b.y, criterion);
+  // Running statistics: those of one call on the whole batch, updated once.
+  (*whole)(x);
+  auto& bn = static_cast<nn::BatchNorm2d&>(*net->named_children()[0].second);
+  auto& bn_whole = static_cast<nn::BatchNorm2d&>(*whole->named_children()[0].second);
+  for (auto [got, want] : {std::pair{bn.running_mean, bn_whole.running_mean},
+                           std::pair{bn.running_var, bn_whole.running_var}}) {
+    std::vector<double> g1 = got.to_vector<double>(), w1 = want.to_vector<double>();
+    for (size_t c = 0; c < 3; c++) EXPECT_NEAR(g1[c], w1[c], 1e-12) << c;
+  }
+  EXPECT_EQ(bn.num_batches_tracked.item(), 1);
+  // Gradients: each share normalised by its own statistics, its loss weighted by its size.
+  const std::vector<int64_t> split = dp.last_split();
+  int64_t at = 0;
+  for (int64_t count : split) {
+    if (count == 0) continue;
+    Tensor part = criterion((*parts)(x.slice(0, at, at + count)), b.y.slice(0, at, at + count));
+    mul(part, double(count) / 37.0).backward();
+    at += count;
+  }
+  expect_near(gradients(*net), gradients(*parts), "split " + std::to_string(split[0]));
+  // A failed step changes no statistics.
+  auto failing = [&](const Tensor&, const Tensor&) -> Tensor { throw Error("no loss here"); };
+  EXPECT_THROW(dp.forward_backward(x, b.y, failing), Error);
+  EXPECT_EQ(bn.num_batches_tracked.item(), 1);
+  // Float32, the layer's default: the same running statistics, to float32 rounding.
+  auto net32 = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::BatchNorm2d>(3), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(12, 5)});
+  nn::DataParallel dp32(net32, cpu_devices());
+  dp32.forward_backward(x.to(DType::Float32), b.y, criterion);
+  auto& bn32 = static_cast<nn::BatchNorm2d&>(*net32->named_children()[0].second);
+  std::vector<double> got = bn32.running_var.to_double_vector(),
+                      want = bn_whole.running_var.to_vector<double>();
+  for (size_t c = 0; c < 3; c++) EXPECT_NEAR(got[c], want[c], 1e-5) << c;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "opforge/torch/distributed.hpp"
 #include "opforge/torch/nn.hpp"
 #include "opforge/torch/optim.hpp"
+#include "opforge/torch/parallel.hpp"
 #include "small_mlp.hpp"
 
 namespace {
@@ -85,8 +86,10 @@ TEST(DistributedSampler, TheRanksTogetherHoldEachBatchOfOneProcess) {
   EXPECT_THROW(ranks[0]->shard(3, 3), Error);
 }
 
-TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
-  NEEDS_RANKS();
+// Two epochs of SGD on the ranks, each on its part of every batch, against one process with the
+// whole batch. data_parallel: each rank splits its part over its own devices (nn::DataParallel,
+// whose gradients reach the reducer at finish() rather than during the backward pass).
+void train_as_one_process(bool data_parallel) {
   const int world = distributed::world_size(), rank = distributed::rank();
   const int64_t batch = 16 * world, samples = 96;
   nn::CrossEntropyLoss criterion;
@@ -112,6 +115,10 @@ TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
   ASSERT_GE(reducer.buckets(), 3u);
   data::DataLoader part(dataset(samples), batch / world, true, 3);
   part.shard(rank, world);
+  std::vector<Device> local;
+  for (const DeviceInfo& d : devices())
+    if (d.device.kind == DeviceKind::cpu) local.push_back(d.device);
+  nn::DataParallel dp(mine, local);
 
   for (int64_t epoch = 0; epoch < 2; epoch++) {
     all.start_epoch(epoch);
@@ -125,9 +132,15 @@ TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
       std::optional<data::Batch> p = part.next();
       ASSERT_TRUE(p);
       opt2.zero_grad();
-      criterion((*mine)(p->images), p->labels).backward();
+      if (data_parallel) {
+        dp.forward_backward(p->images, p->labels, criterion);
+      } else {
+        criterion((*mine)(p->images), p->labels).backward();
+      }
       reducer.finish();
-      EXPECT_GT(reducer.started_during_backward(), 0u) << "no bucket overlapped the backward pass";
+      if (!data_parallel) {
+        EXPECT_GT(reducer.started_during_backward(), 0u) << "no bucket overlapped the backward";
+      }
       opt2.step();
       distributed::check_same(fingerprint(mine->parameters()), "parameters after a step");
     }
@@ -138,6 +151,16 @@ TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
     for (size_t k = 0; k < w.size(); k++)
       ASSERT_NEAR(g[k], w[k], 1e-10 + 1e-9 * std::abs(w[k])) << "parameter " << j << " " << k;
   }
+}
+
+TEST(Distributed, TwoRanksTrainAsOneProcessWithTheWholeBatch) {
+  NEEDS_RANKS();
+  train_as_one_process(false);
+}
+
+TEST(Distributed, EachRankMaySplitItsPartOverItsDevices) {
+  NEEDS_RANKS();
+  train_as_one_process(true);
 }
 
 TEST(Distributed, AReducerOverTwoBackwardPassesAveragesTheirSum) {

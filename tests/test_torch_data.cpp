@@ -125,4 +125,31 @@ TEST(TorchData, LoaderEpochsCoverEverySampleInASeededOrder) {
   EXPECT_THROW(DataLoader(numbered(4), 0), Error);
 }
 
+TEST(TorchData, LoaderBatchSizeChangesMidEpoch) {
+  // The epoch's order stays; batches from the next on have the new size (a batch prepared at
+  // the old one is cut again), the last one short.
+  DataLoader dl(numbered(10), 3, false);
+  dl.start_epoch(0);
+  std::vector<std::vector<int64_t>> got;
+  got.push_back(dl.next()->labels.to_vector<int64_t>());
+  dl.set_batch_size(4);
+  EXPECT_EQ(dl.batch_size(), 4);
+  EXPECT_EQ(dl.batches_per_epoch(), 3);  // one handed out, then 4 + 3
+  while (auto b = dl.next()) got.push_back(b->labels.to_vector<int64_t>());
+  EXPECT_EQ(got, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5, 6}, {7, 8, 9}}));
+  // Shuffled: every sample of the epoch's order once, however the size changes.
+  DataLoader sh(numbered(103), 10, true, 5), same(numbered(103), 10, true, 5);
+  std::vector<int64_t> want = epoch_order(same, 0), order;
+  sh.start_epoch(0);
+  int64_t k = 0;
+  while (auto b = sh.next()) {
+    for (int64_t v : b->labels.to_vector<int64_t>()) order.push_back(v);
+    sh.set_batch_size(++k % 2 ? 7 : 16);
+  }
+  EXPECT_EQ(order, want);
+  sh.start_epoch(1);  // the size stays for the next epoch
+  EXPECT_EQ(sh.next()->labels.size(0), sh.batch_size());
+  EXPECT_THROW(sh.set_batch_size(0), Error);
+}
+
 }  // namespace

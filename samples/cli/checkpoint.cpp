@@ -16,7 +16,7 @@ constexpr const char* kFile = "checkpoint.safetensors";
 std::vector<std::pair<std::string, std::string>> run_identity(const TrainOptions& o) {
   return {{"model", o.model},
           {"optimizer", o.optimizer},
-          {"batch_size", std::to_string(o.batch_size)},
+          {"batch_size", o.batch_auto ? "auto" : std::to_string(o.batch_size)},
           {"seed", std::to_string(o.seed)},
           {"limit", std::to_string(o.limit)},
           {"lr", exact_text(o.lr)},

@@ -637,7 +637,29 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--epochs", train.epochs)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  train_cmd->add_option("--batch-size", train.batch_size)
+  std::string train_batch = "64";
+  train_cmd
+      ->add_option("--batch-size", train_batch,
+                   "Samples per step, or auto: starting at 64, the batch grows while a larger one "
+                   "raises the measured samples/s and memory has room, shrinks when memory runs "
+                   "short or a device comes under load, within --batch-min..--batch-max; the "
+                   "learning rate is scaled with it (off by default: it changes the result)")
+      ->check(
+          [](const std::string& s) -> std::string {
+            if (s == "auto") return "";
+            char* end = nullptr;
+            errno = 0;
+            const long long n = std::strtoll(s.c_str(), &end, 10);
+            return !s.empty() && end && *end == 0 && errno == 0 && n > 0
+                       ? ""
+                       : "expected a positive number or auto, got " + s;
+          },
+          "N|auto")
+      ->capture_default_str();
+  train_cmd->add_option("--batch-min", train.batch_min, "Smallest batch of --batch-size auto")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train_cmd->add_option("--batch-max", train.batch_max, "Largest batch of --batch-size auto")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   train_cmd->add_option("--optimizer", train.optimizer, "sgd (momentum 0.9), adam or adamw")
@@ -712,6 +734,14 @@ int run(int argc, char** argv) {
       // Logical CPU devices are made when the runtime starts, from OPFORGE_CPU_DEVICES.
       if (std::string spec = split_cores_for(train.devices); !spec.empty())
         std::cout << "opforge train: OPFORGE_CPU_DEVICES=\"" << spec << "\"\n";
+      if (train_batch == "auto") {
+        OPFORGE_CHECK(train.batch_min <= train.batch_max)
+            << "--batch-min " << train.batch_min << " is above --batch-max " << train.batch_max;
+        train.batch_auto = true;
+        train.batch_size = std::clamp<int64_t>(64, train.batch_min, train.batch_max);
+      } else {
+        train.batch_size = std::strtoll(train_batch.c_str(), nullptr, 10);  // checked by CLI11
+      }
       return run_train(train);
     }
     if (*eval_cmd) return run_eval(eval);

@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 
+#include "auto_batch.hpp"
 #include "checkpoint.hpp"
 #include "opforge/dispatch.hpp"
 #include "opforge/safetensors.hpp"
@@ -148,6 +149,7 @@ class Progress {
   void end_epoch() {
     if (tty_) std::cout << "\n";
   }
+  void set_steps(int64_t steps) { steps_ = std::max<int64_t>(steps, 1); }
 
  private:
   int64_t epochs_, steps_;
@@ -213,6 +215,10 @@ int run_train(const TrainOptions& o) {
       << "--device " << o.device << ": no such device here (opforge info lists them)";
   OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
       << "--device and --devices: give one or the other";
+  OPFORGE_CHECK(!o.batch_auto || (!o.distributed && o.resume.empty()))
+      << "--batch-size auto works in one process and from the start: with --distributed every "
+         "rank would have to agree on each change, and --resume needs the batch sizes the first "
+         "run used; give a number to --batch-size";
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
   data::FashionMnist fm =
@@ -257,19 +263,21 @@ int run_train(const TrainOptions& o) {
   if (lead && o.resume.empty()) {
     csv.open(dir / "metrics.csv");
     csv << "epoch,train_loss,test_accuracy,seconds,samples_per_second,device_shares,batch_split,"
-           "micro_batches\n";
+           "micro_batches,batch_size,batch_changes\n";
   } else if (lead) {
     csv.open(dir / "metrics.csv", std::ios::app);
   }
 
   data::DataLoader loader(train, o.batch_size / ranks.world, true, o.seed);
   ranks.shard(loader);
+  AutoBatch auto_batch(o);
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
     auto calls_before = calls_per_device();
     auto start_time = std::chrono::steady_clock::now();
     loader.start_epoch(epoch);
+    progress.set_steps(loader.batches_per_epoch());
     stepper.reset();
     double loss_sum = 0;
     int64_t seen = 0;
@@ -282,6 +290,7 @@ int run_train(const TrainOptions& o) {
       seen = start.seen;
     }
     while (std::optional<data::Batch> b = loader.next()) {
+      const auto step_start = std::chrono::steady_clock::now();
       opt->zero_grad();
       Tensor loss = stepper.step(b->images, b->labels);
       if (o.distributed) {  // the gradients' and the loss's means over the ranks
@@ -296,6 +305,12 @@ int run_train(const TrainOptions& o) {
           << "the loss became " << l << " at step " << b->index + 1 << " of epoch " << epoch + 1
           << "; training stopped (the weights and metrics of the last finished epoch are kept in "
           << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
+      if (auto_batch.on()) {
+        auto_batch.after_step(b->labels.size(0),
+                              Seconds(std::chrono::steady_clock::now() - step_start).count(),
+                              stepper.memory_short(), loader, *opt);
+        progress.set_steps(loader.batches_per_epoch());
+      }
       loss_sum += l * double(b->labels.size(0) * ranks.world);
       seen += b->labels.size(0) * ranks.world;
       double elapsed = Seconds(std::chrono::steady_clock::now() - start_time).count();
@@ -319,6 +334,7 @@ int run_train(const TrainOptions& o) {
     double seconds = Seconds(std::chrono::steady_clock::now() - start_time).count();
     double acc = lead ? accuracy(*net, fm.test, 1000) : 0;
     std::string share = shares(calls_before, calls_per_device());
+    const std::string batch_changes = auto_batch.take_changes();
     losses.push_back(loss_sum / double(seen));
     accuracies.push_back(acc);
     std::cout << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
@@ -328,14 +344,20 @@ int run_train(const TrainOptions& o) {
               << (stepper.parallel()
                       ? "; batch split: " + stepper.split_since_reset() + stepper.micro_batches()
                       : "")
+              << (auto_batch.on() ? "; batch size " + std::to_string(auto_batch.batch()) +
+                                        (batch_changes.empty() ? "" : " (" + batch_changes + ")")
+                                  : "")
               << "\n";
-    if (schedule) schedule->step();
+    if (schedule) {  // the schedule's rate, scaled for the batch of --batch-size auto
+      schedule->step();
+      opt->set_lr(opt->lr() * auto_batch.scale());
+    }
     if (!lead) continue;
     // Each epoch's results are on disk before the next starts: a failed run keeps them. The
     // checkpoint last: a run stopped before it repeats the epoch, and --resume drops the line.
     csv << epoch + 1 << "," << losses.back() << "," << acc << "," << seconds << ","
         << double(seen) / seconds << "," << share << "," << stepper.split_since_reset() << ","
-        << stepper.micro_batch_list() << "\n"
+        << stepper.micro_batch_list() << "," << auto_batch.batch() << "," << batch_changes << "\n"
         << std::flush;
     save_safetensors((dir / "weights.safetensors").string(), net->state_dict(),
                      {{"model", o.model},

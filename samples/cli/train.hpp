@@ -15,9 +15,12 @@ namespace opforge::cli {
 struct TrainOptions {
   std::string model = "mlp";                       // mlp (784-512-256-10, ReLU) or cnn
   int64_t epochs = 5, batch_size = 64, limit = 0;  // limit > 0: the first `limit` training samples
-  std::string optimizer = "sgd";                   // sgd (momentum 0.9), adam, adamw
-  double lr = 0;                                   // 0: the optimiser's default here
-  std::string lr_schedule = "cosine";              // none, cosine (to 0 over the epochs), step
+  // --batch-size auto: batch_size is where the batch starts, and the rate is for it.
+  bool batch_auto = false;
+  int64_t batch_min = 16, batch_max = 1024;
+  std::string optimizer = "sgd";       // sgd (momentum 0.9), adam, adamw
+  double lr = 0;                       // 0: the optimiser's default here
+  std::string lr_schedule = "cosine";  // none, cosine (to 0 over the epochs), step
   double label_smoothing = 0;
   uint64_t seed = 0;
   int threads = 0;  // 0: every core

@@ -2,6 +2,7 @@
 // or one module whose calls are placed one by one (or pinned with --device), and the logical CPU
 // devices --devices asks for.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -39,6 +40,7 @@ class Stepper {
       ThroughputSplit::Options so;
       so.fixed = o.fixed_split;
       parallel_ = std::make_unique<torch::nn::DataParallel>(net_, devs, so);
+      all_ = devs;
       samples_.assign(devs.size(), 0);
       seconds_.assign(devs.size(), 0);
     } else if (devs.size() == 1) {
@@ -56,13 +58,12 @@ class Stepper {
     }
     Tensor loss = parallel_->forward_backward(
         x, y, [this](const Tensor& out, const Tensor& t) { return criterion_(out, t); });
-    if (samples_.size() != parallel_->devices().size()) {  // a device failed and left
-      samples_.assign(parallel_->devices().size(), 0);
-      seconds_.assign(parallel_->devices().size(), 0);
-    }
-    for (size_t i = 0; i < samples_.size(); i++) {
-      samples_[i] += parallel_->last_split()[i];
-      seconds_[i] += parallel_->last_seconds()[i];
+    // Counted by device, among all of --devices: one may leave the split (it failed) and return.
+    const std::vector<Device>& now = parallel_->devices();
+    for (size_t i = 0; i < now.size(); i++) {
+      const size_t k = size_t(std::find(all_.begin(), all_.end(), now[i]) - all_.begin());
+      samples_[k] += parallel_->last_split()[i];
+      seconds_[k] += parallel_->last_seconds()[i];
     }
     steps_++;
     return loss;
@@ -88,18 +89,30 @@ class Stepper {
         os << (os.tellp() > 0 ? " " : "") << parallel_->devices()[i].str() << " " << m[i];
     return os.str();
   }
+  // A device short of memory in the last step: a share that ran out (and went on in smaller
+  // micro-batches), or a device with 95% of its memory in use (where the driver says).
+  bool memory_short() const {
+    if (parallel_ && parallel_->ran_out_of_memory()) return true;
+    const std::vector<Device> devs =
+        parallel_ ? parallel_->devices() : std::vector<Device>{default_device()};
+    for (const Device& d : devs) {
+      try {
+        if (percent_used_mem_on_dev(d) >= 95) return true;
+      } catch (const Error&) {  // a driver that reports no memory: nothing to go by
+      }
+    }
+    return false;
+  }
   std::string micro_batches() const {
     std::string list = micro_batch_list();
     return list.empty() ? list : std::string(", micro-batches ").append(list);
   }
-  std::string split_since_reset() const {
-    return parallel_ ? split_str(parallel_->devices(), samples_) : "";
-  }
+  std::string split_since_reset() const { return parallel_ ? split_str(all_, samples_) : ""; }
   std::vector<std::pair<std::string, double>> shares_since_reset() const {
     if (!parallel_) return {};
-    return shares_of(named(parallel_->devices(), samples_));
+    return shares_of(named(all_, samples_));
   }
-  // Each device's mean milliseconds per step for its share since reset().
+  // Each device's (of --devices) mean milliseconds per step for its share since reset().
   std::vector<double> share_ms_since_reset() const {
     std::vector<double> out;
     for (double sec : seconds_) out.push_back(1e3 * sec / double(std::max<int64_t>(steps_, 1)));
@@ -116,6 +129,7 @@ class Stepper {
   torch::nn::CrossEntropyLoss criterion_;
   std::unique_ptr<torch::nn::DataParallel> parallel_;
   std::unique_ptr<DefaultDevice> scope_;
+  std::vector<Device> all_;  // --devices, in order
   std::vector<int64_t> samples_;
   std::vector<double> seconds_;
   int64_t steps_ = 0;

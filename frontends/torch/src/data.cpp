@@ -152,8 +152,23 @@ void DataLoader::shard(int rank, int world) {
 int64_t DataLoader::samples_per_epoch() const { return (d_.size() + world_ - 1) / world_; }
 
 int64_t DataLoader::batches_per_epoch() const {
-  int64_t n = samples_per_epoch();
-  return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+  const int64_t n = samples_per_epoch() - taken_;
+  return consumed_ + (drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_);
+}
+
+void DataLoader::set_batch_size(int64_t n) {
+  OPFORGE_CHECK(n > 0) << "DataLoader: batch size must be positive, got " << n;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (n == batch_size_) return;
+    batch_size_ = n;
+    generation_++;  // a batch being gathered at the old size is dropped
+    ready_.reset();
+    error_.clear();
+    wanted_ = consumed_;
+    first_ = taken_;
+  }
+  cv_.notify_all();
 }
 
 void DataLoader::start_epoch(int64_t epoch) {
@@ -183,14 +198,16 @@ void DataLoader::start_epoch(int64_t epoch) {
     ready_.reset();
     error_.clear();
     wanted_ = 0;
+    first_ = 0;
     consumed_ = 0;
+    taken_ = 0;
   }
   cv_.notify_all();
 }
 
-Batch DataLoader::gather(const std::vector<int64_t>& order, int64_t index) const {
-  int64_t first = index * batch_size_;
-  int64_t n = std::min(batch_size_, int64_t(order.size()) - first);
+Batch DataLoader::gather(const std::vector<int64_t>& order, int64_t first, int64_t n,
+                         int64_t index) const {
+  n = std::min(n, int64_t(order.size()) - first);
   Shape is = d_.images.shape();
   is[0] = n;
   Batch b{Tensor::empty(is, d_.images.dtype()), Tensor::empty({n}, d_.labels.dtype()), index};
@@ -214,13 +231,13 @@ void DataLoader::work() {
     cv_.wait(lk,
              [&] { return stop_ || (!ready_ && error_.empty() && wanted_ < batches_per_epoch()); });
     if (stop_) return;
-    const int64_t index = wanted_, generation = generation_;
+    const int64_t index = wanted_, first = first_, size = batch_size_, generation = generation_;
     std::shared_ptr<const std::vector<int64_t>> order = order_;
     lk.unlock();
     std::optional<Batch> b;
     std::string error;
     try {
-      b = gather(*order, index);
+      b = gather(*order, first, size, index);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -229,6 +246,7 @@ void DataLoader::work() {
     if (!error.empty()) {
       error_ = error;
     } else {
+      first_ += b->labels.size(0);
       ready_ = std::move(b);
       wanted_++;
     }
@@ -245,6 +263,7 @@ std::optional<Batch> DataLoader::next() {
   std::optional<Batch> b = std::move(ready_);
   ready_.reset();
   consumed_++;
+  taken_ += b->labels.size(0);
   lk.unlock();
   cv_.notify_all();
   return b;

@@ -184,16 +184,6 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool
   num_batches_tracked = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::Int64));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
-  OPFORGE_CHECK(x.defined() && x.dim() == 4) << "BatchNorm2d: expected an (N, C, H, W) input, got "
-                                             << (x.defined() ? shape_str(x.shape()) : "undefined");
-  if (is_training()) {
-    autograd::NoGradGuard no_grad;
-    num_batches_tracked.add_(1.0);
-  }
-  return F::batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum_, eps_);
-}
-
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> layers) {
   for (const auto& l : layers) push_back(l);
 }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "opforge/autograd.hpp"
+#include "share_state.hpp"
 
 namespace opforge::torch::nn {
 namespace {
@@ -29,13 +30,48 @@ std::vector<double> initial_rates(const std::vector<Device>& devs) {
   return rates;
 }
 
-// Something a share changes as it runs: training-mode Dropout draws from one generator and
-// BatchNorm updates its running statistics, which threads would do at once.
+// A layer whose training-mode forward changes buffers of its own, which the shares' threads would
+// do at once (BatchNorm2d updates its running statistics through share_state.hpp instead).
 const Module* shared_state(const Module& m) {
-  if (m.is_training() && (m.name() == "Dropout" || !m.named_buffers(false).empty())) return &m;
+  if (m.is_training() && !m.named_buffers(false).empty() && !dynamic_cast<const BatchNorm2d*>(&m))
+    return &m;
   for (const auto& [name, child] : m.named_children())
     if (const Module* found = shared_state(*child)) return found;
   return nullptr;
+}
+
+// This step's seed for each training-mode Dropout, drawn from its generator here on the caller's
+// thread, in the module tree's order, so a run is reproducible.
+void draw_dropout_seeds(Module& m, std::map<const Module*, uint64_t>& seeds) {
+  if (auto* d = dynamic_cast<Dropout*>(&m); d && d->is_training())
+    seeds[d] = d->generator().engine()();
+  for (const auto& [name, child] : m.named_children()) draw_dropout_seeds(*child, seeds);
+}
+
+// The calling thread runs rows of a share (from first_sample on) while it lives.
+class InShare {
+ public:
+  InShare(ShareState& state) : before_(current_share()) { current_share() = &state; }
+  ~InShare() { current_share() = before_; }
+  InShare(const InShare&) = delete;
+  InShare& operator=(const InShare&) = delete;
+
+ private:
+  ShareState* before_;
+};
+
+// Each BatchNorm2d's running statistics updated once from every part of the batch it saw, the
+// parts in device order.
+void update_batch_norms(const std::vector<std::vector<ShareState::Stats>>& per_device) {
+  std::vector<BatchNorm2d*> order;
+  std::map<BatchNorm2d*, std::vector<BatchNorm2d::RowStats>> parts;
+  for (const auto& stats : per_device)
+    for (const ShareState::Stats& s : stats) {
+      auto& list = parts[s.module];
+      if (list.empty()) order.push_back(s.module);
+      list.push_back(s.rows);
+    }
+  for (BatchNorm2d* m : order) m->update_running_stats(parts[m]);
 }
 
 // Where each device's share starts in the batch.
@@ -104,8 +140,12 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> d
     : module_(std::move(module)),
       devices_(std::move(devices)),
       split_(initial_rates(devices_), options),
-      micro_(devices_.size()) {
+      micro_(devices_.size()),
+      waits_(devices_.size(), 0),
+      initial_rates_(split_.rates()),
+      fixed_split_(options.fixed) {
   OPFORGE_CHECK(module_) << "DataParallel: the module is null";
+  for (size_t i = 0; i < devices_.size(); i++) places_.push_back(i);
   for (size_t i = 0; i < devices_.size(); i++) {
     OPFORGE_CHECK(device_exists(devices_[i]))
         << "DataParallel: no device " << devices_[i].str() << " on this machine";
@@ -144,11 +184,55 @@ void DataParallel::drop(size_t i, const std::string& why) {
     if (k != i) warning << (listed++ ? ", " : " ") << devices_[k].str();
   std::cerr << warning.str() << std::endl;
   dropped_.push_back({devices_[i], why});
+  int64_t& wait = waits_[places_[i]];
+  wait = wait == 0 ? rejoin_after_ : std::min<int64_t>(wait * 2, int64_t(1) << 20);
+  away_.push_back({places_[i], steps_, steps_ + wait, split_.rates()[i]});
+  places_.erase(places_.begin() + std::ptrdiff_t(i));
   devices_.erase(devices_.begin() + std::ptrdiff_t(i));
   micro_.erase(micro_.begin() + std::ptrdiff_t(i));
   last_split_.erase(last_split_.begin() + std::ptrdiff_t(i));
   last_seconds_.erase(last_seconds_.begin() + std::ptrdiff_t(i));
   split_.drop(i);
+}
+
+void DataParallel::rejoin_after(int64_t steps) {
+  OPFORGE_CHECK(steps >= 0) << "DataParallel: rejoin_after(" << steps
+                            << "), expected a number of steps >= 0 (0: never)";
+  rejoin_after_ = steps;
+  for (size_t k = 0; k < away_.size(); k++) {
+    waits_[away_[k].place] = steps;
+    away_[k].back_after = away_[k].left_at + steps;
+  }
+}
+
+void DataParallel::rejoin() {
+  for (size_t k = 0; k < away_.size();) {
+    const Away a = away_[k];
+    const Device d = dropped_[k].first;
+    if (rejoin_after_ == 0 || steps_ <= a.back_after || !device_exists(d)) {
+      k++;
+      continue;
+    }
+    // Back at its place in the device order (the order gradients are summed in), planned at
+    // the smallest rate until its first step measures it (the static split: its own).
+    const size_t at = size_t(
+        std::count_if(places_.begin(), places_.end(), [&](size_t p) { return p < a.place; }));
+    const std::vector<double>& rates = split_.rates();
+    split_.add(at, fixed_split_ ? initial_rates_[a.place]
+                                : std::min(a.rate, *std::min_element(rates.begin(), rates.end())));
+    const auto pos = std::ptrdiff_t(at);
+    if (last_split_.size() == devices_.size()) {
+      last_split_.insert(last_split_.begin() + pos, 0);
+      last_seconds_.insert(last_seconds_.begin() + pos, 0.0);
+    }
+    devices_.insert(devices_.begin() + pos, d);
+    places_.insert(places_.begin() + pos, a.place);
+    micro_.insert(micro_.begin() + pos, MicroBatch{});
+    dropped_.erase(dropped_.begin() + std::ptrdiff_t(k));
+    away_.erase(away_.begin() + std::ptrdiff_t(k));
+    std::cerr << "opforge: DataParallel: " << d.str() << " returns to the split after "
+              << steps_ - a.left_at - 1 << " steps away" << std::endl;
+  }
 }
 
 std::vector<int64_t> DataParallel::micro_batch_sizes() const {
@@ -160,9 +244,9 @@ std::vector<int64_t> DataParallel::micro_batch_sizes() const {
 void DataParallel::check_module() const {
   if (const Module* m = shared_state(*module_))
     throw Error("DataParallel: the module has a " + m->name() +
-                " layer in training mode, whose state (random draws, running statistics) every "
-                "device's share would change at once; DataParallel trains modules without "
-                "Dropout and BatchNorm, or evaluates any module (eval())");
+                " layer in training mode with buffers of its own, which every device's share "
+                "would change at once; DataParallel trains modules whose only such layers are "
+                "Dropout and BatchNorm2d, or evaluates any module (eval())");
 }
 
 Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
@@ -174,6 +258,8 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       << "DataParallel: the input has " << batch << " samples, the target " << target.size(0);
   OPFORGE_CHECK(batch > 0) << "DataParallel: an empty batch";
   check_module();
+  steps_++;
+  rejoin();
   const std::vector<Tensor> params = [&] {
     std::vector<Tensor> p;
     for (const Tensor& t : module_->parameters())
@@ -184,7 +270,11 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   std::vector<int64_t> split = split_.split(batch);
   std::vector<std::vector<Tensor>> grads(n);
   std::vector<Tensor> losses(n);
+  std::vector<std::vector<ShareState::Stats>> norm_stats(n);
+  std::map<const Module*, uint64_t> dropout_seeds;
+  draw_dropout_seeds(*module_, dropout_seeds);
   std::vector<double> seconds(n, 0);
+  std::vector<char> short_of_memory(n, 0);  // each share's thread writes its own
   // Share i's passes on the calling thread's device (its own, or another that takes over a
   // failed share), with device `on`'s micro-batch size.
   auto share = [&](size_t i, int64_t begin, int64_t count, size_t on) {
@@ -193,6 +283,8 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     // A micro-batch's gradients, added to the share's only once all of them are there: one that
     // runs out of memory halfway is run again, smaller, and must not count twice.
     auto micro_batch = [&](int64_t at, int64_t m) {
+      ShareState state(at, &dropout_seeds);
+      InShare in_share(state);
       Tensor out = (*module_)(input.slice(0, at, at + m));
       Tensor loss = criterion(out, target.slice(0, at, at + m));
       OPFORGE_CHECK(loss.numel() == 1) << "the criterion gave a loss of shape "
@@ -210,6 +302,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       loss.wait();
       grads[i] = std::move(g);
       losses[i] = std::move(loss);
+      for (ShareState::Stats& st : state.batch_stats) norm_stats[i].push_back(std::move(st));
     };
     MicroBatch& mb = micro_[on];
     bool ran_out = false;
@@ -221,6 +314,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
         if (m == 1) throw;  // not even one sample fits
         mb.size = (m + 1) / 2;
         ran_out = true;
+        short_of_memory[i] = 1;
         continue;
       }
       done += m;
@@ -247,6 +341,7 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     if (healthy == n) raise(devices_[i], split[i], errors[i]);
     grads[i].clear();
     losses[i] = Tensor();
+    norm_stats[i].clear();
     try {
       DefaultDevice on(devices_[healthy]);
       share(i, offsets(split)[i], split[i], healthy);
@@ -263,6 +358,8 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     last_split_[i] = 0;
   }
   last_seconds_ = seconds;
+  ran_out_ = std::find(short_of_memory.begin(), short_of_memory.end(), 1) != short_of_memory.end();
+  update_batch_norms(norm_stats);
 
   // The gradients' sum, in device order. Issued from this thread, its calls are queued where
   // placement finds room (the least loaded device first): summing on every device's thread at
@@ -297,14 +394,21 @@ Tensor DataParallel::forward(const Tensor& input) {
   OPFORGE_CHECK(batch > 0) << "DataParallel: an empty batch";
   std::vector<int64_t> split = split_.plan(batch);  // training's split keeps its state
   std::vector<Tensor> outs(devices_.size());
+  std::vector<std::vector<ShareState::Stats>> norm_stats(devices_.size());
+  std::map<const Module*, uint64_t> dropout_seeds;
+  draw_dropout_seeds(*module_, dropout_seeds);
   const bool grad_mode = autograd::grad_enabled();
   std::vector<std::exception_ptr> errors =
       run_shares(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
         autograd::GradModeGuard same_mode(grad_mode);
+        ShareState state(begin, &dropout_seeds);
+        InShare in_share(state);
         outs[i] = (*module_)(input.slice(0, begin, begin + count)).cpu();
+        norm_stats[i] = std::move(state.batch_stats);
       });
   for (size_t i = 0; i < devices_.size(); i++)
     if (errors[i]) raise(devices_[i], split[i], errors[i]);
+  update_batch_norms(norm_stats);
   std::vector<Tensor> parts;
   for (Tensor& o : outs)
     if (o.defined()) parts.push_back(std::move(o));

@@ -43,6 +43,9 @@ class ThroughputSplit {
   const std::vector<double>& rates() const { return rates_; }
   // Device i leaves the split (it failed); the others keep their estimates.
   void drop(size_t i);
+  // A device joins (or returns) at position `at`, planned at `rate` in the rates' unit until its
+  // first measurement replaces that.
+  void add(size_t at, double rate);
   // The share of a batch each device gets, from the rates (they add up to 1).
   std::vector<double> fractions() const;
 

@@ -105,6 +105,18 @@ void ThroughputSplit::drop(size_t i) {
   current_.clear();
 }
 
+void ThroughputSplit::add(size_t at, double rate) {
+  OPFORGE_CHECK(at <= rates_.size())
+      << "ThroughputSplit::add: position " << at << " of " << rates_.size() << " devices";
+  OPFORGE_CHECK(std::isfinite(rate) && rate > 0)
+      << "ThroughputSplit::add: a throughput of " << rate << ", expected a positive number";
+  const auto pos = std::ptrdiff_t(at);
+  rates_.insert(rates_.begin() + pos, rate);
+  per_sample_.insert(per_sample_.begin() + pos, 0);
+  measured_.insert(measured_.begin() + pos, false);
+  current_.clear();
+}
+
 void ThroughputSplit::record(const std::vector<int64_t>& samples,
                              const std::vector<double>& seconds) {
   OPFORGE_CHECK(samples.size() == rates_.size() && seconds.size() == rates_.size())

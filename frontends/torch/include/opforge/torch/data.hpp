@@ -65,12 +65,16 @@ class DataLoader {
   // The next batch of the epoch, or nullopt at its end. An error in the background thread is
   // raised here.
   std::optional<Batch> next();
+  // The epoch's batches: those handed out, and the rest at the current batch size.
   int64_t batches_per_epoch() const;
   int64_t batch_size() const { return batch_size_; }
+  // The batches from the next one on have `n` samples (the epoch's order stays; a batch already
+  // prepared at the old size is cut again).
+  void set_batch_size(int64_t n);
   const Dataset& dataset() const { return d_; }
 
  private:
-  Batch gather(const std::vector<int64_t>& order, int64_t index) const;
+  Batch gather(const std::vector<int64_t>& order, int64_t first, int64_t n, int64_t index) const;
   void work();
 
   Dataset d_;
@@ -85,7 +89,9 @@ class DataLoader {
   std::optional<Batch> ready_;  // the prepared batch
   std::string error_;
   int64_t wanted_ = 0;      // the batch the worker prepares next
+  int64_t first_ = 0;       // the sample (place in the epoch's order) it starts at
   int64_t consumed_ = 0;    // batches next() has handed out this epoch
+  int64_t taken_ = 0;       // and their samples
   int64_t generation_ = 0;  // bumped by start_epoch: a batch of an older epoch is dropped
   bool stop_ = false;
   std::thread worker_;

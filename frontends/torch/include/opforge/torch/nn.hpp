@@ -123,11 +123,15 @@ class Flatten : public Module {
   int start_, end_;
 };
 
+// Under DataParallel a training step draws one seed from the generator on the caller's thread,
+// and each sample's mask is a function of that seed and the sample's place in the batch, so the
+// masks are the same however the batch is split among devices or into micro-batches.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, Generator& g = default_generator());
-  Tensor forward(const Tensor& x) override { return F::dropout(x, p_, is_training(), *g_); }
+  Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Dropout"; }
+  Generator& generator() const { return *g_; }
 
  private:
   double p_;
@@ -158,6 +162,18 @@ class BatchNorm2d : public Module {
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "BatchNorm2d"; }
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+  // A part of a batch: its values per channel, and their mean and unbiased variance (the values
+  // a call with momentum 1 leaves in the running statistics).
+  struct RowStats {
+    int64_t count = 0;
+    Tensor mean, var;
+  };
+  // Updates the running statistics once for a batch that ran in parts (DataParallel's shares and
+  // micro-batches, each normalised by its own statistics, as torch.nn.DataParallel's replicas
+  // are): the parts' statistics merged exactly (Chan et al.), so the running statistics are
+  // those of one call on the whole batch.
+  void update_running_stats(const std::vector<RowStats>& parts);
 
  private:
   double eps_, momentum_;

@@ -4,6 +4,12 @@
 // into the module's parameters. The parameters are the module's own: devices whose tensors live
 // in host memory (the logical CPU devices) read them in place, GPU devices keep copies that the
 // storage refreshes after each optimiser step, so the replicas cannot drift apart.
+//
+// Layers with training-mode state: Dropout's masks are drawn per sample from one seed per step
+// (the same masks however the batch is split); BatchNorm2d normalises each share (and micro-batch)
+// by its own statistics, as torch.nn.DataParallel's replicas and DistributedDataParallel without
+// SyncBatchNorm do, and its running statistics are updated once a step with the whole batch's.
+// Other layers with buffers are refused in training mode.
 #pragma once
 #include <functional>
 #include <memory>
@@ -37,7 +43,9 @@ class DataParallel {
   // memory runs its share in micro-batches, below). Returns the batch's loss (detached).
   // A share that fails runs again on a device whose share succeeded: if it passes there, the
   // failed device leaves the split with a warning (dropped()) and the run goes on; if not, the
-  // error is raised naming the device, and no gradient is added.
+  // error is raised naming the device, and no gradient is added. A device that left returns to
+  // the split after rejoin_after() steps (twice as many each time it fails again), if it still
+  // exists, with the smallest share; failing again, it leaves again.
   Tensor forward_backward(const Tensor& input, const Tensor& target, const Criterion& criterion);
 
   // The module on each device's share, the outputs concatenated along dim 0 on the host.
@@ -55,8 +63,12 @@ class DataParallel {
   // result is the same. After `wait` steps without running out (8 at first, twice as many after a
   // failed try) the micro-batch doubles, up to the whole share.
   std::vector<int64_t> micro_batch_sizes() const;
-  // The devices that failed and left the split, with their errors.
+  // Whether a share ran out of memory in the last step (and went on in smaller micro-batches).
+  bool ran_out_of_memory() const { return ran_out_; }
+  // The devices out of the split now (they failed), with their errors.
   const std::vector<std::pair<Device, std::string>>& dropped() const { return dropped_; }
+  // Steps before a device that failed first tries again (50 to start with); 0: never.
+  void rejoin_after(int64_t steps);
 
  private:
   struct MicroBatch {
@@ -65,8 +77,16 @@ class DataParallel {
     bool grew = false;
     void after_step(int64_t share, bool ran_out);
   };
+  // A device out of the split: its place in the constructor's list, the step it left at, the
+  // last step it stays out of, its rate when it left.
+  struct Away {
+    size_t place;
+    int64_t left_at, back_after;
+    double rate;
+  };
   void check_module() const;
   void drop(size_t i, const std::string& why);
+  void rejoin();
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;
   ThroughputSplit split_;
@@ -74,6 +94,13 @@ class DataParallel {
   std::vector<double> last_seconds_;
   std::vector<MicroBatch> micro_;
   std::vector<std::pair<Device, std::string>> dropped_;
+  std::vector<size_t> places_;         // each device's place in the constructor's list
+  std::vector<Away> away_;             // beside dropped_
+  std::vector<int64_t> waits_;         // by place: the steps away after the device's next failure
+  std::vector<double> initial_rates_;  // by place
+  bool fixed_split_ = false;
+  bool ran_out_ = false;
+  int64_t steps_ = 0, rejoin_after_ = 50;
 };
 
 }  // namespace opforge::torch::nn
