@@ -164,6 +164,22 @@ TEST(AdaptiveBatchSize, ShrinksUnderLoadAndWhenMemoryRunsShort) {
   for (int step = 0; step < 30; step++) EXPECT_FALSE(low.record(16, 1.0, true));
   EXPECT_EQ(low.batch(), 16);
   EXPECT_THROW(AdaptiveBatchSize(8, o), Error);
+  // Over ranks: every batch a multiple of their number, the bounds rounded inward (18..99).
+  AdaptiveBatchSize::Options three = by_steps(16, 100);
+  three.multiple = 3;
+  EXPECT_THROW(AdaptiveBatchSize(64, three), Error);
+  AdaptiveBatchSize grows(63, three), shrinks(63, three);
+  std::optional<AdaptiveBatchSize::Change> up, down;
+  for (int step = 0; step < 10; step++) {
+    up = grows.record(63, 0.01, false);
+    down = shrinks.record(63, 0.01, true);
+    if (up) {
+      EXPECT_EQ(up->to, 99);  // 126 above the bound
+    }
+  }
+  ASSERT_TRUE(down);
+  EXPECT_EQ(down->to, 30);  // 31 is no multiple of 3
+  EXPECT_EQ(grows.batch(), 99);
   o.min = 300;
   EXPECT_THROW(AdaptiveBatchSize(300, o), Error);
 }

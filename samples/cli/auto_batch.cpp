@@ -2,36 +2,55 @@
 
 #include <iostream>
 #include <sstream>
+#include <vector>
+
+#include "opforge/torch/distributed.hpp"
 
 namespace opforge::cli {
 
-AutoBatch::AutoBatch(const TrainOptions& o) : start_(o.batch_size) {
+AutoBatch::AutoBatch(const TrainOptions& o, int rank, int world)
+    : start_(o.batch_size), batch_(o.batch_size), rank_(rank), world_(world) {
   if (!o.batch_auto) return;
   AdaptiveBatchSize::Options ao;
   ao.min = o.batch_min;
   ao.max = o.batch_max;
+  ao.multiple = world;
   control_.emplace(o.batch_size, ao);
 }
-
-double AutoBatch::scale() const { return on() ? double(batch()) / double(start_) : 1.0; }
-
-int64_t AutoBatch::batch() const { return on() ? control_->batch() : start_; }
 
 void AutoBatch::after_step(int64_t samples, double seconds, bool memory_pressure,
                            torch::data::DataLoader& loader, torch::optim::Optimizer& opt) {
   if (!on()) return;
-  std::optional<AdaptiveBatchSize::Change> c = control_->record(samples, seconds, memory_pressure);
-  if (!c) return;
-  loader.set_batch_size(c->to);
+  step_++;
+  bool short_of_memory = memory_pressure;
+  if (world_ > 1) {  // the ranks' mean step time, and whether any ran short
+    Tensor shared = Tensor::from_vector(std::vector<double>{seconds, memory_pressure ? 1.0 : 0.0});
+    torch::distributed::all_reduce_mean({shared});
+    const std::vector<double> v = shared.to_vector<double>();
+    seconds = v[0];
+    short_of_memory = v[1] > 0;
+  }
+  std::optional<AdaptiveBatchSize::Change> c;
+  if (rank_ == 0) c = control_->record(samples * world_, seconds, short_of_memory);
+  int64_t to = c ? c->to : 0;
+  if (world_ > 1) {
+    Tensor decision = Tensor::from_vector(std::vector<double>{double(to)});
+    torch::distributed::broadcast({decision});
+    to = int64_t(decision.item());
+  }
+  if (to == 0) return;
+  const int64_t from = batch_;
+  batch_ = to;
+  loader.set_batch_size(to / world_);
   const double lr = opt.lr();
-  opt.set_lr(lr * double(c->to) / double(c->from));
+  opt.set_lr(lr * double(to) / double(from));
   std::ostringstream line;
-  line << "batch size " << c->from << " -> " << c->to << " after step " << c->step << " (" << c->why
-       << "); lr " << lr << " -> " << opt.lr();
+  line << "batch size " << from << " -> " << to << " after step " << step_;
+  if (c) line << " (" << c->why << ")";
+  line << "; lr " << lr << " -> " << opt.lr();
   std::cout << "\n" << line.str() << "\n" << std::flush;
-  changes_ +=
-      (changes_.empty() ? "" : "; ") + ("step " + std::to_string(c->step) + " " +
-                                        std::to_string(c->from) + "->" + std::to_string(c->to));
+  changes_ += (changes_.empty() ? "" : "; ") + ("step " + std::to_string(step_) + " " +
+                                                std::to_string(from) + "->" + std::to_string(to));
 }
 
 std::string AutoBatch::take_changes() {

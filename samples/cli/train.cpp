@@ -209,16 +209,21 @@ void read_metrics(const fs::path& file, int64_t epochs, std::vector<double>& los
 }
 }  // namespace
 
-int run_train(const TrainOptions& o) {
+int run_train(const TrainOptions& given) {
+  TrainOptions o = given;
   OPFORGE_CHECK(o.epochs > 0 && o.batch_size > 0) << "--epochs and --batch-size must be positive";
   OPFORGE_CHECK(o.device == "auto" || device_exists(parse_device(o.device)))
       << "--device " << o.device << ": no such device here (opforge info lists them)";
   OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
       << "--device and --devices: give one or the other";
-  OPFORGE_CHECK(!o.batch_auto || (!o.distributed && o.resume.empty()))
-      << "--batch-size auto works in one process and from the start: with --distributed every "
-         "rank would have to agree on each change, and --resume needs the batch sizes the first "
+  OPFORGE_CHECK(!o.batch_auto || o.resume.empty())
+      << "--batch-size auto runs from the start: --resume would need the batch sizes the first "
          "run used; give a number to --batch-size";
+  if (o.batch_auto && o.distributed) {  // all ranks' batch, a multiple of their number
+    distributed::init();
+    const int64_t w = distributed::world_size();
+    o.batch_size = std::max(w, o.batch_size / w * w);
+  }
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
   data::FashionMnist fm =
@@ -270,7 +275,7 @@ int run_train(const TrainOptions& o) {
 
   data::DataLoader loader(train, o.batch_size / ranks.world, true, o.seed);
   ranks.shard(loader);
-  AutoBatch auto_batch(o);
+  AutoBatch auto_batch(o, ranks.rank, ranks.world);
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {

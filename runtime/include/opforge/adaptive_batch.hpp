@@ -14,6 +14,9 @@ class AdaptiveBatchSize {
  public:
   struct Options {
     int64_t min = 16, max = 1024;  // bounds on the batch, both included
+    // Every batch a multiple of this (the ranks of a distributed run, each taking an equal
+    // part); the bounds are rounded inward to multiples.
+    int64_t multiple = 1;
     // Steps left out after each change: a new batch's first calls calibrate its kernels.
     int64_t warmup = 3;
     // A measurement: at least this many steps and this many seconds (short steps are noisy).

@@ -10,10 +10,18 @@ namespace opforge {
 
 AdaptiveBatchSize::AdaptiveBatchSize(int64_t start, Options options)
     : o_(options), batch_(start), skip_(options.warmup) {
-  OPFORGE_CHECK(o_.min > 0 && o_.min <= o_.max)
-      << "batch size bounds " << o_.min << ".." << o_.max << ": expected 0 < min <= max";
-  OPFORGE_CHECK(start >= o_.min && start <= o_.max)
-      << "a starting batch of " << start << " outside the bounds " << o_.min << ".." << o_.max;
+  OPFORGE_CHECK(o_.min > 0 && o_.min <= o_.max && o_.multiple > 0)
+      << "batch size bounds " << o_.min << ".." << o_.max << " in multiples of " << o_.multiple
+      << ": expected 0 < min <= max and a positive multiple";
+  const int64_t lo = (o_.min + o_.multiple - 1) / o_.multiple * o_.multiple,
+                hi = o_.max / o_.multiple * o_.multiple;
+  OPFORGE_CHECK(lo <= hi) << "no multiple of " << o_.multiple << " between the batch bounds "
+                          << o_.min << " and " << o_.max;
+  o_.min = lo;
+  o_.max = hi;
+  OPFORGE_CHECK(start >= o_.min && start <= o_.max && start % o_.multiple == 0)
+      << "a starting batch of " << start << " outside the bounds " << o_.min << ".." << o_.max
+      << " or not a multiple of " << o_.multiple;
   OPFORGE_CHECK(o_.window > 0 && o_.warmup >= 0 && o_.window_seconds >= 0 && o_.settle >= 0 &&
                 o_.gain >= 0 && o_.load_drop > 0 && o_.load_drop < 1 && o_.load_windows > 0)
       << "AdaptiveBatchSize: window and load_windows must be positive, warmup, window_seconds, "
@@ -21,7 +29,7 @@ AdaptiveBatchSize::AdaptiveBatchSize(int64_t start, Options options)
 }
 
 std::optional<AdaptiveBatchSize::Change> AdaptiveBatchSize::change_to(int64_t to, std::string why) {
-  to = std::clamp(to, o_.min, o_.max);
+  to = std::max(o_.min, std::clamp(to, o_.min, o_.max) / o_.multiple * o_.multiple);
   if (to == batch_) return std::nullopt;
   Change c{step_, batch_, to, std::move(why)};
   batch_ = to;
