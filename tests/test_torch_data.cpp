@@ -137,6 +137,12 @@ TEST(TorchData, LoaderBatchSizeChangesMidEpoch) {
   EXPECT_EQ(dl.batches_per_epoch(), 3);  // one handed out, then 4 + 3
   while (auto b = dl.next()) got.push_back(b->labels.to_vector<int64_t>());
   EXPECT_EQ(got, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5, 6}, {7, 8, 9}}));
+  // An epoch started part-way (a resumed run): from that sample of its order on.
+  dl.start_epoch(0, 5);
+  EXPECT_EQ(dl.next()->labels.to_vector<int64_t>(), (std::vector<int64_t>{5, 6, 7, 8}));
+  EXPECT_EQ(dl.next()->labels.to_vector<int64_t>(), (std::vector<int64_t>{9}));
+  EXPECT_FALSE(dl.next());
+  EXPECT_THROW(dl.start_epoch(0, 11), Error);
   // Shuffled: every sample of the epoch's order once, however the size changes.
   DataLoader sh(numbered(103), 10, true, 5), same(numbered(103), 10, true, 5);
   std::vector<int64_t> want = epoch_order(same, 0), order;

@@ -11,11 +11,17 @@ namespace opforge::cli {
 AutoBatch::AutoBatch(const TrainOptions& o, int rank, int world)
     : start_(o.batch_size), batch_(o.batch_size), rank_(rank), world_(world) {
   if (!o.batch_auto) return;
-  AdaptiveBatchSize::Options ao;
-  ao.min = o.batch_min;
-  ao.max = o.batch_max;
-  ao.multiple = world;
-  control_.emplace(o.batch_size, ao);
+  options_.min = o.batch_min;
+  options_.max = o.batch_max;
+  options_.multiple = world;
+  control_.emplace(o.batch_size, options_);
+}
+
+void AutoBatch::resume_at(int64_t batch, torch::data::DataLoader& loader) {
+  if (!on() || batch == 0 || batch == batch_) return;
+  control_.emplace(batch, options_);  // refuses a batch outside the bounds
+  batch_ = batch;
+  loader.set_batch_size(batch / world_);
 }
 
 void AutoBatch::after_step(int64_t samples, double seconds, bool memory_pressure,

@@ -32,9 +32,12 @@ class AutoBatch {
   // which it then forgets.
   int64_t batch() const { return batch_; }
   std::string take_changes();
+  // A resumed run goes on at the batch its checkpoint had (0: the start), measuring afresh.
+  void resume_at(int64_t batch, torch::data::DataLoader& loader);
 
  private:
   std::optional<AdaptiveBatchSize> control_;  // rank 0's decides
+  AdaptiveBatchSize::Options options_;
   int64_t start_ = 0, batch_ = 0, step_ = 0;
   int rank_ = 0, world_ = 1;
   std::string changes_;

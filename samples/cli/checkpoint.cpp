@@ -14,15 +14,20 @@ constexpr const char* kFile = "checkpoint.safetensors";
 
 // What must be the same for a resumed run to train as the first one did.
 std::vector<std::pair<std::string, std::string>> run_identity(const TrainOptions& o) {
-  return {{"model", o.model},
-          {"optimizer", o.optimizer},
-          {"batch_size", o.batch_auto ? "auto" : std::to_string(o.batch_size)},
-          {"seed", std::to_string(o.seed)},
-          {"limit", std::to_string(o.limit)},
-          {"lr", exact_text(o.lr)},
-          {"lr_schedule", o.lr_schedule},
-          {"epochs", std::to_string(o.epochs)},
-          {"label_smoothing", exact_text(o.label_smoothing)}};
+  std::vector<std::pair<std::string, std::string>> id = {
+      {"model", o.model},
+      {"optimizer", o.optimizer},
+      {"batch_size", o.batch_auto ? "auto" : std::to_string(o.batch_size)},
+      {"seed", std::to_string(o.seed)},
+      {"limit", std::to_string(o.limit)},
+      {"lr", exact_text(o.lr)},
+      {"lr_schedule", o.lr_schedule},
+      {"epochs", std::to_string(o.epochs)},
+      {"label_smoothing", exact_text(o.label_smoothing)}};
+  if (o.batch_auto)
+    id.push_back(
+        {"batch_bounds", std::to_string(o.batch_min) + ".." + std::to_string(o.batch_max)});
+  return id;
 }
 
 }  // namespace
@@ -57,6 +62,7 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
   meta["batches"] = std::to_string(at.batches);
   meta["loss_sum"] = exact_text(at.loss_sum);
   meta["seen"] = std::to_string(at.seen);
+  if (at.batch > 0) meta["batch_now"] = std::to_string(at.batch);
   save_safetensors((dir / kFile).string(), tensors, meta);  // a new file, then renamed over
 }
 
@@ -95,7 +101,8 @@ RunPosition load_checkpoint(const std::filesystem::path& dir, const TrainOptions
   at.batches = int64_t(number("batches"));
   at.loss_sum = number("loss_sum");
   at.seen = int64_t(number("seen"));
-  OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0)
+  at.batch = int64_t(metadata_number(f.metadata, "batch_now", file.string()).value_or(0));
+  OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0 && at.batch >= 0)
       << file.string() << ": a position before the run's start";
   return at;
 }

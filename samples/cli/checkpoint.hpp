@@ -27,6 +27,7 @@ struct RunPosition {
   int64_t batches = 0;  // its batches done
   double loss_sum = 0;  // their losses times their sizes
   int64_t seen = 0;     // their samples
+  int64_t batch = 0;    // --batch-size auto: the batch then (all ranks'); 0: the options'
 };
 
 void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,

@@ -216,9 +216,6 @@ int run_train(const TrainOptions& given) {
       << "--device " << o.device << ": no such device here (opforge info lists them)";
   OPFORGE_CHECK(o.device == "auto" || o.devices.empty())
       << "--device and --devices: give one or the other";
-  OPFORGE_CHECK(!o.batch_auto || o.resume.empty())
-      << "--batch-size auto runs from the start: --resume would need the batch sizes the first "
-         "run used; give a number to --batch-size";
   if (o.batch_auto && o.distributed) {  // all ranks' batch, a multiple of their number
     distributed::init();
     const int64_t w = distributed::world_size();
@@ -254,6 +251,8 @@ int run_train(const TrainOptions& given) {
     // The schedule stepped as far as the run had gone gives the rate the checkpoint holds.
     RunPosition at = load_checkpoint(dir, o, *net, *opt);
     for (int64_t e = 0; schedule && e < at.epoch; e++) schedule->step();
+    if (schedule && at.epoch > 0 && at.batch > 0)  // --batch-size auto: scaled as it was then
+      opt->set_lr(opt->lr() * double(at.batch) / double(o.batch_size));
     start = at;
     if (lead) read_metrics(dir / "metrics.csv", at.epoch, losses, accuracies);
   }
@@ -276,24 +275,29 @@ int run_train(const TrainOptions& given) {
   data::DataLoader loader(train, o.batch_size / ranks.world, true, o.seed);
   ranks.shard(loader);
   AutoBatch auto_batch(o, ranks.rank, ranks.world);
+  auto_batch.resume_at(start.batch, loader);
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
     auto calls_before = calls_per_device();
     auto start_time = std::chrono::steady_clock::now();
     loader.start_epoch(epoch);
-    progress.set_steps(loader.batches_per_epoch());
     stepper.reset();
     double loss_sum = 0;
-    int64_t seen = 0;
+    int64_t seen = 0, batch_no = 0;                   // batches of the epoch done
     if (epoch == start.epoch && start.batches > 0) {  // resumed within this epoch
-      for (int64_t k = 0; k < start.batches; k++)
-        OPFORGE_CHECK(loader.next())
-            << "--resume: the checkpoint is " << start.batches << " batches into epoch "
-            << epoch + 1 << ", which has " << loader.batches_per_epoch();
+      // This rank's samples done (their batches' sizes changed with --batch-size auto).
+      const int64_t done = start.seen / ranks.world;
+      OPFORGE_CHECK(done <= loader.samples_per_epoch())
+          << "--resume: the checkpoint is " << done << " samples into epoch " << epoch + 1
+          << ", which has " << loader.samples_per_epoch();
+      loader.start_epoch(epoch, done);
       loss_sum = start.loss_sum;
       seen = start.seen;
+      batch_no = start.batches;
     }
+    const int64_t before_loader = batch_no;  // batches the loader did not hand out
+    progress.set_steps(before_loader + loader.batches_per_epoch());
     while (std::optional<data::Batch> b = loader.next()) {
       const auto step_start = std::chrono::steady_clock::now();
       opt->zero_grad();
@@ -307,23 +311,25 @@ int run_train(const TrainOptions& given) {
       double l = loss.item();
       // The step already changed the weights; those of the last finished epoch are on disk.
       OPFORGE_CHECK(std::isfinite(l))
-          << "the loss became " << l << " at step " << b->index + 1 << " of epoch " << epoch + 1
+          << "the loss became " << l << " at step " << batch_no + 1 << " of epoch " << epoch + 1
           << "; training stopped (the weights and metrics of the last finished epoch are kept in "
           << dir.string() << "); try a smaller learning rate (--lr, now " << opt->lr() << ")";
       if (auto_batch.on()) {
         auto_batch.after_step(b->labels.size(0),
                               Seconds(std::chrono::steady_clock::now() - step_start).count(),
                               stepper.memory_short(), loader, *opt);
-        progress.set_steps(loader.batches_per_epoch());
+        progress.set_steps(before_loader + loader.batches_per_epoch());
       }
       loss_sum += l * double(b->labels.size(0) * ranks.world);
       seen += b->labels.size(0) * ranks.world;
       double elapsed = Seconds(std::chrono::steady_clock::now() - start_time).count();
       double rate = double(seen) / std::max(elapsed, 1e-9);
-      progress.update(epoch, b->index, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
+      progress.update(epoch, batch_no, l, rate, double(train.size() - seen) / std::max(rate, 1e-9),
                       stepper.last_split());
       steps++;
-      const RunPosition here{epoch, b->index + 1, loss_sum, seen};
+      batch_no++;
+      const RunPosition here{epoch, batch_no, loss_sum, seen,
+                             auto_batch.on() ? auto_batch.batch() : 0};
       if (o.max_steps > 0 && steps == o.max_steps) {
         if (lead) save_checkpoint(dir, o, *net, *opt, here);
         progress.end_epoch();
@@ -370,7 +376,8 @@ int run_train(const TrainOptions& given) {
                       {"input_mean", exact_text(inputs.mean)},
                       {"input_std", exact_text(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
-    save_checkpoint(dir, o, *net, *opt, {epoch + 1, 0, 0, 0});
+    save_checkpoint(dir, o, *net, *opt,
+                    {epoch + 1, 0, 0, 0, auto_batch.on() ? auto_batch.batch() : 0});
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;

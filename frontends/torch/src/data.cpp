@@ -171,7 +171,10 @@ void DataLoader::set_batch_size(int64_t n) {
   cv_.notify_all();
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::start_epoch(int64_t epoch, int64_t first_sample) {
+  OPFORGE_CHECK(first_sample >= 0 && first_sample <= samples_per_epoch())
+      << "DataLoader: an epoch of " << samples_per_epoch() << " samples cannot start at sample "
+      << first_sample;
   auto order = std::make_shared<std::vector<int64_t>>(size_t(d_.size()));
   std::iota(order->begin(), order->end(), 0);
   if (shuffle_) {
@@ -198,9 +201,9 @@ void DataLoader::start_epoch(int64_t epoch) {
     ready_.reset();
     error_.clear();
     wanted_ = 0;
-    first_ = 0;
+    first_ = first_sample;
     consumed_ = 0;
-    taken_ = 0;
+    taken_ = first_sample;
   }
   cv_.notify_all();
 }

@@ -52,8 +52,9 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Starts epoch `epoch` (its order depends on seed and epoch only).
-  void start_epoch(int64_t epoch);
+  // Starts epoch `epoch` (its order depends on seed and epoch only), from the sample at
+  // `first_sample` of its order (this rank's part) on: a run resumed within an epoch.
+  void start_epoch(int64_t epoch, int64_t first_sample = 0);
   // Makes this loader rank `rank` of `world` processes (PyTorch's DistributedSampler): each
   // epoch's order, the same on every rank, is extended by its own start to a multiple of world
   // and dealt out, rank r taking positions r, r + world, ...; batches are then made of this
