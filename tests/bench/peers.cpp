@@ -510,6 +510,39 @@ BenchResult bench_dispatch_add_4(const BenchOptions& o) {
 #endif
 }
 
+// One training step of layer normalisation over rows of 1024 (a transformer's hidden size), 512
+// rows: the forward and the backward for x, the weight and the bias, against libtorch's
+// torch::layer_norm and autograd with the same threads.
+BenchResult bench_layer_norm_step(const BenchOptions& o) {
+  const std::string name = "layer_norm_step_f32_512x1024";
+  const Shape shape{512, 1024};
+  Generator gen(6);
+  Tensor x = Tensor::randn(shape, DType::Float32, gen).requires_grad_();
+  const Tensor g = Tensor::randn(shape, DType::Float32, gen);
+  Tensor w = Tensor::ones({1024}, DType::Float32).requires_grad_();
+  Tensor b = Tensor::zeros({1024}, DType::Float32).requires_grad_();
+  Tensor y;
+  const Fn ours = [&] {
+    for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+    y = layer_norm(x, {1024}, w, b);
+    y.backward(g);
+  };
+  warm_up(ours, calibration_calls("layer_norm"));
+  check_shape(name, y, shape);
+#ifdef OPFORGE_HAVE_LIBTORCH
+  std::vector<float> theirs_y;
+  const Fn theirs = torch_layer_norm_step(float_values(x.detach()), float_values(g), {512, 1024},
+                                          num_cpu_cores(true), theirs_y);
+  check_close(name, "libtorch", float_values(y.detach()), theirs_y, 1e-4);
+  warm_up(theirs, 2);
+  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
+  return make_result(name, "us/call", t[0] * 1e6, "libtorch_layer_norm", t[1] * 1e6);
+#else
+  return make_result(name, "us/call", seconds_per_call({ours}, o)[0] * 1e6,
+                     "none (libtorch not found at configure time)", 0);
+#endif
+}
+
 // One training step of batch normalisation at the CNN's first layer's size (batch 128, 32
 // channels of 24 x 24): the forward in training (statistics, running statistics, normalisation)
 // and the backward for x, the weight and the bias, against libtorch's torch::batch_norm and
@@ -613,6 +646,7 @@ const std::vector<Benchmark>& benchmarks() {
         {"sum_f32_4096x4096_axis1", [](const BenchOptions& o) { return bench_sum_axis(1, o); }},
         {"sum_f32_4096x4096_axis0", [](const BenchOptions& o) { return bench_sum_axis(0, o); }},
         {"batch_norm_train_f32_128x32x24x24", bench_batch_norm_step},
+        {"layer_norm_step_f32_512x1024", bench_layer_norm_step},
         {"dispatch_add_4", bench_dispatch_add_4},
         {"dispatch_2threads", bench_dispatch_2threads},
     };

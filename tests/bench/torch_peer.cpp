@@ -50,4 +50,30 @@ std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
   return step;
 }
 
+std::function<void()> torch_layer_norm_step(const std::vector<float>& x,
+                                            const std::vector<float>& g,
+                                            std::array<int64_t, 2> shape, int threads,
+                                            std::vector<float>& y) {
+  torch::set_num_threads(threads);
+  const std::vector<int64_t> dims(shape.begin(), shape.end());
+  const int64_t D = shape[1];
+  struct State {
+    torch::Tensor x, g, w, b, y;
+  };
+  auto s = std::make_shared<State>();
+  s->x = torch::from_blob(const_cast<float*>(x.data()), dims).clone().requires_grad_();
+  s->g = torch::from_blob(const_cast<float*>(g.data()), dims).clone();
+  s->w = torch::ones({D}).requires_grad_();
+  s->b = torch::zeros({D}).requires_grad_();
+  auto step = [s, D] {
+    for (torch::Tensor* t : {&s->x, &s->w, &s->b}) t->mutable_grad() = torch::Tensor();
+    s->y = torch::layer_norm(s->x, {D}, s->w, s->b, 1e-5);
+    s->y.backward(s->g);
+  };
+  step();
+  torch::Tensor yc = s->y.detach().contiguous();
+  y.assign(yc.data_ptr<float>(), yc.data_ptr<float>() + yc.numel());
+  return step;
+}
+
 }  // namespace opforge::cli

@@ -21,5 +21,11 @@ std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
                                             const std::vector<float>& g,
                                             std::array<int64_t, 4> shape, int threads,
                                             std::vector<float>& y);
+// torch::layer_norm over the last dim of x (rows, D) with a weight and bias, then its backward
+// with gradient g; y gets the first forward's result.
+std::function<void()> torch_layer_norm_step(const std::vector<float>& x,
+                                            const std::vector<float>& g,
+                                            std::array<int64_t, 2> shape, int threads,
+                                            std::vector<float>& y);
 
 }  // namespace opforge::cli
