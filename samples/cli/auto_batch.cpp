@@ -1,5 +1,6 @@
 #include "auto_batch.hpp"
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <vector>
@@ -7,6 +8,11 @@
 #include "opforge/torch/distributed.hpp"
 
 namespace opforge::cli {
+
+int64_t batch_for_ranks(int64_t batch, int64_t min, int64_t max, int64_t world) {
+  const int64_t lo = (min + world - 1) / world * world, hi = max / world * world;
+  return lo > hi ? batch : std::clamp(batch / world * world, lo, hi);
+}
 
 AutoBatch::AutoBatch(const TrainOptions& o, int rank, int world)
     : start_(o.batch_size), batch_(o.batch_size), rank_(rank), world_(world) {
@@ -17,8 +23,12 @@ AutoBatch::AutoBatch(const TrainOptions& o, int rank, int world)
   control_.emplace(o.batch_size, options_);
 }
 
-void AutoBatch::resume_at(int64_t batch, torch::data::DataLoader& loader) {
-  if (!on() || batch == 0 || batch == batch_) return;
+void AutoBatch::resume_at(int64_t batch, int64_t first, torch::data::DataLoader& loader) {
+  if (!on()) return;
+  if (first > 0) start_ = first;
+  if (batch == 0) return;
+  batch = batch_for_ranks(batch, options_.min, options_.max, world_);
+  if (batch == batch_) return;
   control_.emplace(batch, options_);  // refuses a batch outside the bounds
   batch_ = batch;
   loader.set_batch_size(batch / world_);

@@ -16,6 +16,10 @@
 
 namespace opforge::cli {
 
+// `batch` made a multiple of `world` within [min, max] rounded inward to multiples (unchanged when
+// none lies there: AdaptiveBatchSize then says so).
+int64_t batch_for_ranks(int64_t batch, int64_t min, int64_t max, int64_t world);
+
 class AutoBatch {
  public:
   // `o.batch_size` is where the batch starts; rank `rank` of `world` processes.
@@ -32,8 +36,11 @@ class AutoBatch {
   // which it then forgets.
   int64_t batch() const { return batch_; }
   std::string take_changes();
-  // A resumed run goes on at the batch its checkpoint had (0: the start), measuring afresh.
-  void resume_at(int64_t batch, torch::data::DataLoader& loader);
+  // A resumed run goes on at the batch its checkpoint had (0: the start; made a multiple of this
+  // run's ranks), its rate scaled against the batch the first run started with (`first`; 0:
+  // this run's), measuring afresh.
+  void resume_at(int64_t batch, int64_t first, torch::data::DataLoader& loader);
+  int64_t start() const { return start_; }
 
  private:
   std::optional<AdaptiveBatchSize> control_;  // rank 0's decides

@@ -63,6 +63,7 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,
   meta["loss_sum"] = exact_text(at.loss_sum);
   meta["seen"] = std::to_string(at.seen);
   if (at.batch > 0) meta["batch_now"] = std::to_string(at.batch);
+  if (at.batch_start > 0) meta["batch_start"] = std::to_string(at.batch_start);
   save_safetensors((dir / kFile).string(), tensors, meta);  // a new file, then renamed over
 }
 
@@ -102,7 +103,9 @@ RunPosition load_checkpoint(const std::filesystem::path& dir, const TrainOptions
   at.loss_sum = number("loss_sum");
   at.seen = int64_t(number("seen"));
   at.batch = int64_t(metadata_number(f.metadata, "batch_now", file.string()).value_or(0));
-  OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0 && at.batch >= 0)
+  at.batch_start = int64_t(metadata_number(f.metadata, "batch_start", file.string()).value_or(0));
+  OPFORGE_CHECK(at.epoch >= 0 && at.batches >= 0 && at.seen >= 0 && at.batch >= 0 &&
+                at.batch_start >= 0)
       << file.string() << ": a position before the run's start";
   return at;
 }

@@ -23,11 +23,12 @@ std::optional<double> metadata_number(const std::map<std::string, std::string>& 
                                       const std::string& key, const std::string& file);
 
 struct RunPosition {
-  int64_t epoch = 0;    // the epoch in progress, from 0
-  int64_t batches = 0;  // its batches done
-  double loss_sum = 0;  // their losses times their sizes
-  int64_t seen = 0;     // their samples
-  int64_t batch = 0;    // --batch-size auto: the batch then (all ranks'); 0: the options'
+  int64_t epoch = 0;        // the epoch in progress, from 0
+  int64_t batches = 0;      // its batches done
+  double loss_sum = 0;      // their losses times their sizes
+  int64_t seen = 0;         // their samples
+  int64_t batch = 0;        // --batch-size auto: the batch then (all ranks'); 0: the options'
+  int64_t batch_start = 0;  // --batch-size auto: the batch the run started with
 };
 
 void save_checkpoint(const std::filesystem::path& dir, const TrainOptions& o,

@@ -219,7 +219,7 @@ int run_train(const TrainOptions& given) {
   if (o.batch_auto && o.distributed) {  // all ranks' batch, a multiple of their number
     distributed::init();
     const int64_t w = distributed::world_size();
-    o.batch_size = std::max(w, o.batch_size / w * w);
+    o.batch_size = batch_for_ranks(o.batch_size, o.batch_min, o.batch_max, w);
   }
   Generator g(o.seed);
   std::shared_ptr<nn::Module> net = make_model(o.model, g);
@@ -250,9 +250,9 @@ int run_train(const TrainOptions& given) {
   if (!o.resume.empty()) {
     // The schedule stepped as far as the run had gone gives the rate the checkpoint holds.
     RunPosition at = load_checkpoint(dir, o, *net, *opt);
+    const double saved_lr = opt->lr();
     for (int64_t e = 0; schedule && e < at.epoch; e++) schedule->step();
-    if (schedule && at.epoch > 0 && at.batch > 0)  // --batch-size auto: scaled as it was then
-      opt->set_lr(opt->lr() * double(at.batch) / double(o.batch_size));
+    if (at.batch > 0) opt->set_lr(saved_lr);  // --batch-size auto: the rate as it was, scaled
     start = at;
     if (lead) read_metrics(dir / "metrics.csv", at.epoch, losses, accuracies);
   }
@@ -275,7 +275,7 @@ int run_train(const TrainOptions& given) {
   data::DataLoader loader(train, o.batch_size / ranks.world, true, o.seed);
   ranks.shard(loader);
   AutoBatch auto_batch(o, ranks.rank, ranks.world);
-  auto_batch.resume_at(start.batch, loader);
+  auto_batch.resume_at(start.batch, start.batch_start, loader);
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
@@ -286,8 +286,12 @@ int run_train(const TrainOptions& given) {
     double loss_sum = 0;
     int64_t seen = 0, batch_no = 0;                   // batches of the epoch done
     if (epoch == start.epoch && start.batches > 0) {  // resumed within this epoch
-      // This rank's samples done (their batches' sizes changed with --batch-size auto).
-      const int64_t done = start.seen / ranks.world;
+      // This rank's samples done (their batches' sizes changed with --batch-size auto); at an
+      // epoch's last step the count holds the samples repeated to share it among the first
+      // run's ranks, which may have been more.
+      const int64_t done =
+          std::min(loader.samples_per_epoch(),
+                   (std::min(start.seen, train.size()) + ranks.world - 1) / ranks.world);
       OPFORGE_CHECK(done <= loader.samples_per_epoch())
           << "--resume: the checkpoint is " << done << " samples into epoch " << epoch + 1
           << ", which has " << loader.samples_per_epoch();
@@ -328,8 +332,12 @@ int run_train(const TrainOptions& given) {
                       stepper.last_split());
       steps++;
       batch_no++;
-      const RunPosition here{epoch, batch_no, loss_sum, seen,
-                             auto_batch.on() ? auto_batch.batch() : 0};
+      const RunPosition here{epoch,
+                             batch_no,
+                             loss_sum,
+                             seen,
+                             auto_batch.on() ? auto_batch.batch() : 0,
+                             auto_batch.on() ? auto_batch.start() : 0};
       if (o.max_steps > 0 && steps == o.max_steps) {
         if (lead) save_checkpoint(dir, o, *net, *opt, here);
         progress.end_epoch();
@@ -377,7 +385,8 @@ int run_train(const TrainOptions& given) {
                       {"input_std", exact_text(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
     save_checkpoint(dir, o, *net, *opt,
-                    {epoch + 1, 0, 0, 0, auto_batch.on() ? auto_batch.batch() : 0});
+                    {epoch + 1, 0, 0, 0, auto_batch.on() ? auto_batch.batch() : 0,
+                     auto_batch.on() ? auto_batch.start() : 0});
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;

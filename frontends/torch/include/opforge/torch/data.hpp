@@ -38,7 +38,7 @@ Dataset head(const Dataset& d, int64_t n);
 
 struct Batch {
   Tensor images, labels;
-  int64_t index = 0;  // of the batch in its epoch
+  int64_t index = 0;  // of the batch in its epoch, counted from where start_epoch started it
 };
 
 // Batches of a data set in the order of a permutation drawn from (seed, epoch), or in order when
@@ -66,7 +66,8 @@ class DataLoader {
   // The next batch of the epoch, or nullopt at its end. An error in the background thread is
   // raised here.
   std::optional<Batch> next();
-  // The epoch's batches: those handed out, and the rest at the current batch size.
+  // The epoch's batches from where start_epoch started it: those handed out, and the rest at
+  // the current batch size.
   int64_t batches_per_epoch() const;
   int64_t batch_size() const { return batch_size_; }
   // The batches from the next one on have `n` samples (the epoch's order stays; a batch already
