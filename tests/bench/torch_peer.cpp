@@ -1,8 +1,9 @@
-// torch::add through libtorch for the dispatch benchmark (torch_peer.hpp).
+// libtorch's side of opforge bench's rows that have it as their peer (torch_peer.hpp).
 #include "torch_peer.hpp"
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 
@@ -22,26 +23,27 @@ std::function<void()> torch_add_4(int threads) {
   return [a, b, c] { *c = torch::add(*a, *b); };
 }
 
-std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
-                                            const std::vector<float>& g,
-                                            std::array<int64_t, 4> shape, int threads,
-                                            std::vector<float>& y) {
+namespace {
+// A normalisation's training step over x with gradient g: `forward` maps (x, weight, bias) to the
+// result, the weight ones and the bias zeros of `features` elements; each call clears the three
+// gradients, runs forward and backward. `y` receives the first step's result.
+std::function<void()> norm_step(
+    const std::vector<float>& x, const std::vector<float>& g, std::vector<int64_t> dims,
+    int64_t features, int threads, std::vector<float>& y,
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>
+        forward) {
   torch::set_num_threads(threads);
-  const std::vector<int64_t> dims(shape.begin(), shape.end());
-  const int64_t C = shape[1];
   struct State {
-    torch::Tensor x, g, w, b, rm, rv, y;
+    torch::Tensor x, g, w, b, y;
   };
   auto s = std::make_shared<State>();
   s->x = torch::from_blob(const_cast<float*>(x.data()), dims).clone().requires_grad_();
   s->g = torch::from_blob(const_cast<float*>(g.data()), dims).clone();
-  s->w = torch::ones({C}).requires_grad_();
-  s->b = torch::zeros({C}).requires_grad_();
-  s->rm = torch::zeros({C});
-  s->rv = torch::ones({C});
-  auto step = [s] {
+  s->w = torch::ones({features}).requires_grad_();
+  s->b = torch::zeros({features}).requires_grad_();
+  auto step = [s, forward] {
     for (torch::Tensor* t : {&s->x, &s->w, &s->b}) t->mutable_grad() = torch::Tensor();
-    s->y = torch::batch_norm(s->x, s->w, s->b, s->rm, s->rv, true, 0.1, 1e-5, false);
+    s->y = forward(s->x, s->w, s->b);
     s->y.backward(s->g);
   };
   step();
@@ -49,31 +51,31 @@ std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
   y.assign(yc.data_ptr<float>(), yc.data_ptr<float>() + yc.numel());
   return step;
 }
+}  // namespace
+
+std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
+                                            const std::vector<float>& g,
+                                            std::array<int64_t, 4> shape, int threads,
+                                            std::vector<float>& y) {
+  const int64_t C = shape[1];
+  auto rm = std::make_shared<torch::Tensor>(torch::zeros({C}));
+  auto rv = std::make_shared<torch::Tensor>(torch::ones({C}));
+  return norm_step(
+      x, g, {shape.begin(), shape.end()}, C, threads, y,
+      [rm, rv](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& b) {
+        return torch::batch_norm(in, w, b, *rm, *rv, true, 0.1, 1e-5, false);
+      });
+}
 
 std::function<void()> torch_layer_norm_step(const std::vector<float>& x,
                                             const std::vector<float>& g,
                                             std::array<int64_t, 2> shape, int threads,
                                             std::vector<float>& y) {
-  torch::set_num_threads(threads);
-  const std::vector<int64_t> dims(shape.begin(), shape.end());
   const int64_t D = shape[1];
-  struct State {
-    torch::Tensor x, g, w, b, y;
-  };
-  auto s = std::make_shared<State>();
-  s->x = torch::from_blob(const_cast<float*>(x.data()), dims).clone().requires_grad_();
-  s->g = torch::from_blob(const_cast<float*>(g.data()), dims).clone();
-  s->w = torch::ones({D}).requires_grad_();
-  s->b = torch::zeros({D}).requires_grad_();
-  auto step = [s, D] {
-    for (torch::Tensor* t : {&s->x, &s->w, &s->b}) t->mutable_grad() = torch::Tensor();
-    s->y = torch::layer_norm(s->x, {D}, s->w, s->b, 1e-5);
-    s->y.backward(s->g);
-  };
-  step();
-  torch::Tensor yc = s->y.detach().contiguous();
-  y.assign(yc.data_ptr<float>(), yc.data_ptr<float>() + yc.numel());
-  return step;
+  return norm_step(x, g, {shape.begin(), shape.end()}, D, threads, y,
+                   [D](const torch::Tensor& in, const torch::Tensor& w, const torch::Tensor& b) {
+                     return torch::layer_norm(in, {D}, w, b, 1e-5);
+                   });
 }
 
 }  // namespace opforge::cli
