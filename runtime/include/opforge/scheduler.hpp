@@ -74,7 +74,15 @@ class Scheduler {
   // exist (missing entries: 0). Candidates must be non-empty, each with a variant.
   Decision decide(uint64_t key, const std::vector<Candidate>& candidates,
                   const std::vector<double>& transfer, double now, bool explain = false,
-                  const std::vector<double>& inputs_ready = {});
+                  const std::vector<double>& inputs_ready = {}) {
+    Decision d;
+    decide_into(d, key, candidates, transfer, now, explain, inputs_ready);
+    return d;
+  }
+  // The same into a default-constructed `d`: the per-call path's form, without a copy.
+  void decide_into(Decision& d, uint64_t key, const std::vector<Candidate>& candidates,
+                   const std::vector<double>& transfer, double now, bool explain = false,
+                   const std::vector<double>& inputs_ready = {});
   // Queue bookkeeping for devices that run calls asynchronously.
   void enqueued(const Decision& d);
   void started(const Decision& d, double now);

@@ -287,8 +287,7 @@ size_t Storage::stale_bytes(const detail::DeviceMemory* mem) const {
   return bytes;
 }
 
-void Storage::dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const {
-  if (!tracked_.load(std::memory_order_acquire)) return;
+void Storage::add_dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const {
   std::lock_guard<std::mutex> lock(mu_);
   // A reader inherits the writer's failure even when that is done; an overwrite only waits.
   if (writer_ && (read || !writer_->done())) deps.push_back({writer_, read});
@@ -297,9 +296,7 @@ void Storage::dependencies(std::vector<detail::Dependency>& deps, bool read, boo
       if (!r->done()) deps.push_back({r, false});
 }
 
-void Storage::written_in_place() {
-  written_.store(true, std::memory_order_release);
-  if (!tracked_.load(std::memory_order_acquire)) return;
+void Storage::forget_events() {
   std::lock_guard<std::mutex> lock(mu_);
   writer_.reset();
   readers_.clear();

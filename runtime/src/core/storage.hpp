@@ -23,7 +23,9 @@ struct DeviceBlock;
 size_t size_class(size_t bytes);
 }  // namespace detail
 
-struct Storage {
+// Shared by tensor handles; a queued call takes its own reference (shared_from_this) so that its
+// buffers outlive the caller's handles.
+struct Storage : std::enable_shared_from_this<Storage> {
   // Host memory; null for a GPU tensor the host has not read (set by a worker, read by launch()).
   std::atomic<void*> ptr{nullptr};
   size_t bytes = 0;     // requested
@@ -31,6 +33,9 @@ struct Storage {
   int charged_to = -1;  // the capped CPU device its host block counts against (host_caps.hpp)
   // In-place writes so far (autograd's version counter: a saved tensor written since is stale).
   std::atomic<uint32_t> version{0};
+  // User-provided, so that make_shared does not zero the whole object before constructing it
+  // (every member has its initialiser): one allocation per call's result.
+  Storage() {}
   ~Storage();
   static std::shared_ptr<Storage> allocate(size_t bytes);
 
@@ -65,11 +70,16 @@ struct Storage {
   // ---- ordering of asynchronous work (device_queue.hpp) ----
   // Adds to `deps` the events a call must wait for before it reads and/or writes this memory: the
   // last writer (whose failure a read inherits), and for a write also the readers since.
-  void dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const;
+  void dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const {
+    if (tracked_.load(std::memory_order_acquire)) add_dependencies(deps, read, write);
+  }
   // Records a submitted call's event as the last writer or as one more reader.
   void record(const detail::EventPtr& ev, bool write);
   // A call on the caller's thread has overwritten this memory: earlier events no longer matter.
-  void written_in_place();
+  void written_in_place() {
+    written_.store(true, std::memory_order_release);
+    if (tracked_.load(std::memory_order_acquire)) forget_events();
+  }
   // Waits for every pending call that uses this memory (before the host reads or writes it);
   // throws the Error of the call that last wrote it, if that failed.
   void sync() const;
@@ -87,6 +97,10 @@ struct Storage {
     int pins;  // calls preparing or running with this copy: it must stay
   };
   Copy* copy_on(const detail::DeviceMemory* mem);
+  // The parts of dependencies() and written_in_place() once an event was recorded (out of line:
+  // the common untracked case is a load on the per-call path).
+  void add_dependencies(std::vector<detail::Dependency>& deps, bool read, bool write) const;
+  void forget_events();
   void* host_block();
   mutable std::mutex data_mu_;  // guards what follows
   Device home_;

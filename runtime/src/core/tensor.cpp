@@ -146,14 +146,30 @@ void visit_strided(const Tensor& t, F&& f) {
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  check_shape(shape, "empty");
-  int64_t n = 1;
-  bool overflow = false;
-  for (auto d : shape) overflow |= __builtin_mul_overflow(n, d, &n);
-  OPFORGE_CHECK(!overflow && n <= (int64_t(1) << 58))
-      << "empty: shape " << shape_str(shape) << " has more elements than any memory can hold";
-  auto st = Storage::allocate(size_t(shape_numel(shape)) * dtype_size(dtype));
-  return Tensor(std::move(st), dtype, shape, contiguous_strides(shape), 0);
+  // Built in place (every result of every call comes from here): one pass counts the elements and
+  // lays out the strides, innermost last.
+  const size_t rank = shape.size();
+  Tensor t;
+  t.strides_.resize(rank);
+  int64_t n = 1, stride = 1;
+  bool bad = false;
+  for (size_t i = rank; i-- > 0;) {
+    const int64_t d = shape[i];
+    bad |= d < 0;
+    bad |= __builtin_mul_overflow(n, d, &n);
+    t.strides_[i] = stride;
+    bad |= __builtin_mul_overflow(stride, std::max<int64_t>(d, 1), &stride);
+  }
+  if (bad || n > (int64_t(1) << 58)) {
+    check_shape(shape, "empty");
+    OPFORGE_CHECK(false) << "empty: shape " << shape_str(shape)
+                         << " has more elements than any memory can hold";
+  }
+  t.storage_ = Storage::allocate(size_t(n) * dtype_size(dtype));
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.numel_ = n;
+  return t;
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype) {

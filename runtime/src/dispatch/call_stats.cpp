@@ -75,7 +75,10 @@ StatsKey stats_key(const KernelGroup& g, int variant, int device) {
 }  // namespace
 
 void count_call(const KernelGroup& g, int variant, int device) {
-  thread_stats().at(stats_key(g, variant, device)).calls.fetch_add(1, std::memory_order_relaxed);
+  // Only this thread writes its table: a plain load and store, not a locked add. A reset racing
+  // with a call may be undone by that call's count, as with any count taken while calls run.
+  std::atomic<int64_t>& calls = thread_stats().at(stats_key(g, variant, device)).calls;
+  calls.store(calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 void count_time(const KernelGroup& g, int variant, int device, double seconds) {

@@ -276,10 +276,12 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
   double now = now_seconds(clock);
   auto done =
       std::make_shared<Event>(d.device, now + s.sched.ready_in(d.device, now) + d.occupies());
+  // The queued call outlives the caller's tensors: it holds their storages itself.
+  args.retain();
   std::array<std::shared_ptr<Storage>, kMaxKernelBuffers> touched;
   std::array<bool, kMaxKernelBuffers> written{};
   for (int b = 0; b < nb; b++) {
-    touched[size_t(b)] = args.storage(b);
+    touched[size_t(b)] = args.owned(b);
     written[size_t(b)] = args.writes(b);
   }
   s.sched.enqueued(d);

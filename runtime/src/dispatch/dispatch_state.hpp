@@ -52,6 +52,7 @@ struct State {
   bool log = log_enabled("dispatch");
   std::mutex submit_mu;  // see launch()
   std::vector<std::unique_ptr<ExecDevice>> devices;
+  std::vector<int> auto_devices;  // those in_auto, in order: set once, with `devices`
 
   State();
   static constexpr int kLoadSampleMs = 50;

@@ -136,11 +136,7 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
 bool pinned() { return default_device_is_set(); }
 
 // The devices automatic placement chooses from.
-void auto_devices(const State& s, std::vector<int>& devs) {
-  devs.clear();
-  for (int i = 0; i < int(s.devices.size()); i++)
-    if (s.devices[size_t(i)]->in_auto) devs.push_back(i);
-}
+void auto_devices(const State& s, std::vector<int>& devs) { devs = s.auto_devices; }
 
 // The devices a call may run on (a per-thread list, valid until the next call). Tensors that live
 // on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
@@ -180,15 +176,35 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op, const
     devs.push_back(exec_index(s, default_device(), op));
   } else if (n == 1) {
     devs.push_back(0);
+  } else if (s.auto_devices.size() > 1 && device_policy() == DevicePolicy::round_robin) {
+    devs.push_back(s.auto_devices[s.round_robin++ % s.auto_devices.size()]);
   } else {
-    auto_devices(s, devs);
-    if (devs.size() > 1 && device_policy() == DevicePolicy::round_robin) {
-      int pick = devs[s.round_robin++ % devs.size()];
-      devs.assign(1, pick);
-    }
+    return s.auto_devices;  // the common case: no copy
   }
   return devs;
 }
+
+namespace {
+// A thread's last call with one device to choose from and nothing forced: its candidate and bucket
+// key. They depend only on the group, the exact extents, the dense bit and the device, so a loop
+// of calls at one shape (a training step's) finds them here instead of comparing its extents with
+// every variant's minimum again. Groups are never freed (the registry keeps its snapshots), so a
+// pointer names one for good.
+struct LastCall {
+  const KernelGroup* group = nullptr;
+  CallExtents ext;
+  bool dense = false;
+  std::vector<Scheduler::Candidate> cands;  // one
+  uint64_t key = 0;
+  bool matches(const KernelGroup& g, const CallExtents& x, bool d, const std::vector<int>& devs) {
+    if (group != &g || ext.n != x.n || dense != d || devs.size() != 1 || cands[0].device != devs[0])
+      return false;
+    for (int i = 0; i < x.n; i++)
+      if (ext.e[i] != x.e[i]) return false;
+    return true;
+  }
+};
+}  // namespace
 
 Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
                 const std::vector<int>& devs, Clock& clock, const std::vector<Dependency>& deps,
@@ -196,9 +212,21 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   thread_local std::vector<Scheduler::Candidate> cands;
   thread_local std::vector<double> inputs_ready;
   thread_local std::string forced;
+  thread_local LastCall last;
   forced.clear();
   clock = nullptr;
-  if (s.any_forced.load(std::memory_order_relaxed) || s.any_clock.load(std::memory_order_relaxed)) {
+  const bool plain =
+      !s.any_forced.load(std::memory_order_relaxed) && !s.any_clock.load(std::memory_order_relaxed);
+  const bool dense = g.has_dense && args && args->dense();
+  if (plain && last.matches(g, ext, dense, devs)) {
+    static const std::vector<double> none;  // one device: no transfer or input times to weigh
+    Decision d;
+    s.sched.decide_into(d, last.key, last.cands, none, 0, s.log, none);
+    if (s.log) log_decision(s, g, ext, d);
+    count_call(g, d.variant, d.device);
+    return d;
+  }
+  if (!plain) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.forced_op.empty() || s.forced_op == g.op->name) forced = s.forced;
     clock = s.clock;
@@ -249,8 +277,16 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     }
     for (const auto& c : cands) not_before(c.device, backlog(c.device));
   }
-  Decision d = s.sched.decide(bucket_key(g, ext, args), cands, transfer_times(s, args, cands), now,
-                              s.log, inputs_ready);
+  const uint64_t key = bucket_key(g, ext, args);
+  if (plain && devs.size() == 1 && cands.size() == 1) {
+    last.group = &g;
+    last.ext = ext;
+    last.dense = dense;
+    last.cands = cands;
+    last.key = key;
+  }
+  Decision d;
+  s.sched.decide_into(d, key, cands, transfer_times(s, args, cands), now, s.log, inputs_ready);
   if (s.log) log_decision(s, g, ext, d);
   count_call(g, d.variant, d.device);
   return d;

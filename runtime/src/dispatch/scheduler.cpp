@@ -25,6 +25,12 @@ struct FastSlot {
   VariantSet variants;
   void* entry = nullptr;
   uint64_t calls = 0;  // this thread's calls of the entry: it re-times every retime_every
+  // The next multiples of explore_every and retime_every: the per-call path compares, not divides.
+  uint64_t next_explore = 0, next_retime = 0;
+  void arm(uint64_t explore_every, uint64_t retime_every) {
+    next_explore = (calls / explore_every + 1) * explore_every;
+    next_retime = (calls / retime_every + 1) * retime_every;
+  }
 };
 constexpr size_t kFastSlots = 64;
 FastSlot& fast_slot(uint64_t key, int device, const VariantSet& variants) {
@@ -120,13 +126,14 @@ bool Scheduler::decide_fast(uint64_t key, const Candidate& c, const std::vector<
   if (v < 0) return false;
   uint64_t n = ++f.calls;
   d.variants = c.variants;
-  // Exploring another variant goes through the lock, as it chooses among them.
-  if (n % uint64_t(explore_every_.load(std::memory_order_relaxed)) == 0) return false;
+  // Exploring another variant goes through the lock, as it chooses among them (and re-arms).
+  if (n == f.next_explore) return false;
   d.key = key;
   d.generation = gen;
   d.device = c.device;
   d.variant = v;
-  d.timed = n % uint64_t(retime_every_.load(std::memory_order_relaxed)) == 0;
+  d.timed = n == f.next_retime;
+  if (d.timed) f.next_retime += uint64_t(retime_every_.load(std::memory_order_relaxed));
   double load = size_t(c.device) < loads_.size()
                     ? loads_[size_t(c.device)].load(std::memory_order_relaxed)
                     : 1.0;
@@ -143,19 +150,17 @@ double Scheduler::ready_locked(int d, double now) const {
   return r;
 }
 
-Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
-                           const std::vector<double>& transfer, double now, bool explain,
-                           const std::vector<double>& inputs_ready) {
+void Scheduler::decide_into(Decision& d, uint64_t key, const std::vector<Candidate>& cands,
+                            const std::vector<double>& transfer, double now, bool explain,
+                            const std::vector<double>& inputs_ready) {
   OPFORGE_CHECK(!cands.empty()) << "scheduler: no candidate device";
-  Decision d;
   // A call with no choice of device on a known bucket: no lock (the common inline CPU call).
   const bool single = cands.size() == 1 && !explain;
-  if (single && decide_fast(key, cands[0], transfer, d)) return d;
+  if (single && decide_fast(key, cands[0], transfer, d)) return;
   // The chosen device's variant set: with the bucket key, it names the entry.
-  auto chosen_set = [&](Decision& r) -> Decision& {
+  auto chosen_set = [&](Decision& r) {
     for (const auto& c : cands)
       if (c.device == r.device) r.variants = c.variants;
-    return r;
   };
   std::lock_guard<std::mutex> lock(mu_);
   if (single) {
@@ -163,7 +168,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     FastSlot& f = fast_slot(key, cands[0].device, cands[0].variants);
     Entry& e = entry(key, cands[0].device, cands[0].variants);
     if (f.entry != &e || f.owner != id_ || f.generation != generation_) f.calls = e.calls;
-    f = {id_, generation_, key, cands[0].device, cands[0].variants, &e, f.calls};
+    f = {id_, generation_, key, cands[0].device, cands[0].variants, &e, f.calls, 0, 0};
+    f.arm(uint64_t(policy_.explore_every), uint64_t(policy_.retime_every));
   }
   d.key = key;
   d.generation = generation_;
@@ -191,7 +197,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     // Every variant failed everywhere: run the first again, untimed, so that the caller sees why.
     d.device = cands[0].device;
     d.variant = cands[0].variants.first();
-    return chosen_set(d);
+    chosen_set(d);
+    return;
   }
   int cal_slot = -1;
   if (cal) {
@@ -215,7 +222,8 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
     d.variant = cal->variants[size_t(cal_slot)];
     d.timed = d.calibrating = true;
     if (size_t(cal_device) < transfer.size()) d.transfer = transfer[size_t(cal_device)];
-    return chosen_set(d);
+    chosen_set(d);
+    return;
   }
 
   double best_completion = 0;
@@ -275,7 +283,7 @@ Decision Scheduler::decide(uint64_t key, const std::vector<Candidate>& cands,
   }
   d.variant = e.variants[size_t(slot)];
   if (slot != e.best) d.predicted = e.stats[size_t(slot)].estimate * dev(d.device).load;
-  return chosen_set(d);
+  chosen_set(d);
 }
 
 void Scheduler::record(Entry& e, int slot, double seconds, bool calibrating, bool exploring) {

@@ -65,6 +65,7 @@ State::State() {
     if (b->queued())
       d->queue = std::make_unique<DeviceQueue>(int(devices.size()), b->queue_cores());
     d->meter = b->load_meter(d->queue ? d->queue->thread_id() : -1);
+    if (d->in_auto) auto_devices.push_back(int(devices.size()));
     devices.push_back(std::move(d));
   }
   sched.set_device_count(std::max<int>(1, int(devices.size())));

@@ -56,11 +56,11 @@ View dense_view(const Tensor& t, std::initializer_list<int64_t> extents) {
   return v;
 }
 
-KernelArgs::Buf& KernelArgs::next_buffer(BufferRole role, std::shared_ptr<Storage> storage,
-                                         size_t offset, void* host, DType dtype, int rank) {
+KernelArgs::Buf& KernelArgs::next_buffer(BufferRole role, Storage* storage, size_t offset,
+                                         void* host, DType dtype, int rank) {
   OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
   roles_[size_t(nb_)] = role;
-  storages_[size_t(nb_)] = std::move(storage);
+  storages_[size_t(nb_)] = storage;
   offsets_[size_t(nb_)] = offset;
   ranks_[size_t(nb_)] = uint8_t(rank);
   Buf& b = bufs_[size_t(nb_++)];
@@ -76,7 +76,10 @@ KernelArgs::Buf& KernelArgs::next_buffer(BufferRole role, std::shared_ptr<Storag
 }
 
 void KernelArgs::add(View& v, BufferRole role) {
-  Buf& b = next_buffer(role, std::move(v.storage), v.offset_bytes, v.host, v.dtype, v.n);
+  if (!owned_) owned_.emplace();
+  std::shared_ptr<Storage>& own = (*owned_)[size_t(nb_)];
+  own = std::move(v.storage);
+  Buf& b = next_buffer(role, own.get(), v.offset_bytes, v.host, v.dtype, v.n);
   // The kernels are compiled without Halide's large_buffers: each buffer's extents, strides and
   // element count must stay below 2^31. Refused here, before Halide would wrap an index.
   // Branch-free: the element count saturates at 2^31, so that it cannot overflow.
@@ -103,10 +106,17 @@ void KernelArgs::flat(const Tensor& t, int64_t n, BufferRole role) {
     v.stride[0] = 1;
     refuse_large(v);
   }
-  Buf& b = next_buffer(role, t.storage(), size_t(t.offset()) * t.element_size(), address(t),
+  Buf& b = next_buffer(role, t.storage().get(), size_t(t.offset()) * t.element_size(), address(t),
                        t.dtype(), kMaxDims);
   b.d[0] = {0, int32_t(n), 1, 0};
   for (int i = 1; i < kMaxDims; i++) b.d[i] = {0, 1, int32_t(n), 0};
+}
+
+void KernelArgs::retain() {
+  if (!owned_) owned_.emplace();
+  for (int b = 0; b < nb_; b++)
+    if (std::shared_ptr<Storage>& own = (*owned_)[size_t(b)]; storages_[size_t(b)] && !own)
+      own = storages_[size_t(b)]->shared_from_this();
 }
 
 KernelEntry KernelArgs::entry_for(const KernelVariant& k) {
@@ -194,7 +204,7 @@ void** KernelArgs::argv() {
 
 void KernelArgs::prepare_host() {
   for (int b = 0; b < nb_; b++) {
-    Storage* st = storages_[size_t(b)].get();
+    Storage* st = storages_[size_t(b)];
     if (!st || !st->on_gpus() || bufs_[size_t(b)].b.size_in_bytes() == 0) continue;
     halide_buffer_t& hb = bufs_[size_t(b)].b;
     hb.host = static_cast<uint8_t*>(st->host_current()) + offsets_[size_t(b)];
@@ -207,21 +217,22 @@ void KernelArgs::prepare_host() {
 
 void KernelArgs::host_done() {
   for (int b = 0; b < nb_; b++)
-    if (Storage* out = storages_[size_t(b)].get(); writes(b) && out && out->on_gpus())
+    if (Storage* out = storages_[size_t(b)]; writes(b) && out && out->on_gpus())
       out->host_written();
 }
 
 void KernelArgs::prepare_device(DeviceMemory& mem) {
+  staged_.fill(nullptr);
+  pinned_.fill(false);
   for (int b = 0; b < nb_; b++) {
-    Storage* st = storages_[size_t(b)].get();
+    Storage* st = storages_[size_t(b)];
     halide_buffer_t& hb = bufs_[size_t(b)].b;
     size_t span = hb.size_in_bytes(), off = offsets_[size_t(b)];
     // An output (not inout) that densely covers its whole storage, which no other buffer shares,
     // needs nothing copied there first.
     bool overwrite = roles_[size_t(b)] == BufferRole::output && off == 0 && span == st->bytes &&
                      size_t(hb.number_of_elements()) * hb.type.bytes() == span;
-    for (int i = 0; overwrite && i < nb_; i++)
-      overwrite = i == b || storages_[size_t(i)].get() != st;
+    for (int i = 0; overwrite && i < nb_; i++) overwrite = i == b || storages_[size_t(i)] != st;
     DeviceBlock& block = st->device_current(mem, overwrite, true);
     pinned_[size_t(b)] = true;
     hb.host = nullptr;

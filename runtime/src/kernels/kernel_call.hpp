@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 
 #include "devices/backend.hpp"
@@ -109,7 +110,13 @@ class KernelArgs {
   // The first buffer the kernel writes.
   int first_written() const;
   halide_buffer_t* halide_buffer(int i) { return &bufs_[size_t(i)].b; }
-  const std::shared_ptr<Storage>& storage(int buffer) const { return storages_[size_t(buffer)]; }
+  // The buffer's storage, which the caller's tensors keep alive while the call runs inline.
+  Storage* storage(int buffer) const { return storages_[size_t(buffer)]; }
+  // Before the call outlives its caller (a device queue): takes a reference to every storage.
+  void retain();
+  std::shared_ptr<Storage> owned(int buffer) const {
+    return owned_ ? (*owned_)[size_t(buffer)] : nullptr;
+  }
   // Refuses buffers that do not match the group's contract (count, role, dtype, rank), naming the
   // op and the buffer: a call with the wrong buffers would read or write the wrong memory.
   void check(const KernelGroup& g) const;
@@ -130,8 +137,8 @@ class KernelArgs {
   void add(View& v, BufferRole role);  // takes v's storage
   struct Buf;
   // Claims the next buffer slot and sets all but its dims.
-  Buf& next_buffer(BufferRole role, std::shared_ptr<Storage> storage, size_t offset, void* host,
-                   DType dtype, int rank);
+  Buf& next_buffer(BufferRole role, Storage* storage, size_t offset, void* host, DType dtype,
+                   int rank);
   [[noreturn]] static void refuse_large(const View& v);
   enum class Slot : uint8_t { f64, i32 };
   static constexpr size_t kBufs = size_t(kMaxKernelBuffers);
@@ -145,17 +152,23 @@ class KernelArgs {
     };
   };
   std::array<Buf, kBufs> bufs_;  // set by add(), only those used
+  // What follows is set per buffer by add() and read only for the first nb_: the wide arrays are
+  // not zeroed up front (the object is built on every call); enums and flags are, since copying an
+  // invalid one is undefined.
   std::array<BufferRole, kBufs> roles_{};
-  std::array<uint8_t, kBufs> ranks_;  // set by add()
-  bool dense_ = true;                 // every buffer so far is contiguous
-  std::array<std::shared_ptr<Storage>, kBufs> storages_{};
-  std::array<size_t, kBufs> offsets_;  // bytes; set by add()
+  std::array<uint8_t, kBufs> ranks_;
+  bool dense_ = true;  // every buffer so far is contiguous
+  std::array<Storage*, kBufs> storages_;
+  // References taken by add() (a view's) and retain(): an inline call on tensors the caller holds
+  // needs none, which spares it an atomic count per buffer.
+  std::optional<std::array<std::shared_ptr<Storage>, kBufs>> owned_;
+  std::array<size_t, kBufs> offsets_;  // bytes
+  // A GPU call's: set by prepare_device().
   union {
-    std::array<DeviceHandle, kBufs> handles_;  // a GPU call's device handles; set by bind()
+    std::array<DeviceHandle, kBufs> handles_;  // device handles, set by bind()
   };
-  std::array<DeviceBlock*, kBufs>
-      staged_{};                      // a GPU call's dense copies of views it cannot address
-  std::array<bool, kBufs> pinned_{};  // a GPU call's storages whose device copy it pinned
+  std::array<DeviceBlock*, kBufs> staged_;  // dense copies of views it cannot address
+  std::array<bool, kBufs> pinned_{};        // storages whose device copy it pinned
   // Set before they are read: the scalars by attrs(), the pointers by argv().
   std::array<double, 8> f_;
   std::array<int32_t, 8> i_;

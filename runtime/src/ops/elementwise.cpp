@@ -124,8 +124,9 @@ bool launch_elementwise(const OpInfo& op, const KernelGroup& g, std::span<const 
 // contiguous. Returns false, doing nothing, when the call is not one; the general path below
 // then runs it.
 // The caller has checked the op's family and input count (check_call).
+// `results`: op.num_outputs tensors, set only when the call runs here.
 bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<const double> attrs,
-               TensorList& results) {
+               std::span<Tensor> results) {
   if (op.inout_mask || in.empty()) return false;
   for (const Tensor* t : in)
     if (!t->defined()) return false;
@@ -141,12 +142,16 @@ bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<co
   }
   const int64_t n = in[0]->numel();
   if (n == 0) return false;
-  for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor::empty(shape, g->out_dtype));
+  for (Tensor& r : results) r = Tensor::empty(shape, g->out_dtype);
   KernelArgs args;
   for (const Tensor* t : in) args.flat(*t, n, BufferRole::input);
   args.attrs(op, attrs);
   for (const Tensor& r : results) args.flat(r, n, BufferRole::output);
-  launch(*g, extents({n, 1, 1, 1, 1, 1}), std::move(args));
+  CallExtents ext;
+  ext.n = kMaxDims;
+  ext.e[0] = n;
+  for (int i = 1; i < kMaxDims; i++) ext.e[i] = 1;
+  launch(*g, ext, std::move(args));
   return true;
 }
 
@@ -261,7 +266,9 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
     std::array<const Tensor*, TensorList::kCapacity> refs;
     for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
     TensorList results;
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs, results))
+    for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor());
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs,
+                  std::span<Tensor>(results.begin(), results.size())))
       return results;
   }
   return run_general(op, inputs, attrs, outs);
@@ -280,7 +287,10 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
     size_t n = 0;
     for (const Tensor& t : in) refs[n++] = &t;
     TensorList results;
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n), a, results)) return results;
+    for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor());
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n), a,
+                  std::span<Tensor>(results.begin(), results.size())))
+      return results;
   }
   TensorList ins, os;
   for (const Tensor& t : in) ins.push_back(t);
@@ -292,6 +302,24 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
   }
   if (grad) return run_recorded(op, ins.span(), a, os.span());
   return run_general(op, ins.span(), a, os.span());
+}
+
+// An op function's call of a one-result op, its tensors by reference: on the dense path the result
+// is made where the caller receives it (no list of results, no moves).
+Tensor one_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
+                       std::initializer_list<double> attrs) {
+  Tensor r;
+  if (op.num_outputs == 1 && in.size() <= TensorList::kCapacity &&
+      int(in.size()) == op.num_inputs && op.family == "elementwise" && !autograd::wants_grad(in)) {
+    std::array<const Tensor*, TensorList::kCapacity> refs;
+    size_t n = 0;
+    for (const Tensor& t : in) refs[n++] = &t;
+    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n),
+                  std::span<const double>(attrs.begin(), attrs.size()), std::span<Tensor>(&r, 1)))
+      return r;
+  }
+  r = std::move(run_elementwise(op, in, attrs)[0]);
+  return r;
 }
 
 // The gradient of a recorded call: the op's backward kernel (elementwise_backward), with integer
@@ -460,7 +488,7 @@ std::vector<Tensor> elementwise_results(const std::string& name, const std::vect
 #define OPFORGE_DEFINE_UNARY(name)                            \
   Tensor name(const Tensor& x) {                              \
     static const OpInfo& op = op_info(#name);                 \
-    return std::move(run_elementwise(op, {x}, {})[0]);        \
+    return one_elementwise(op, {x}, {});                      \
   }                                                           \
   Tensor name##_out(const Tensor& out, const Tensor& x) {     \
     static const OpInfo& op = op_info(#name);                 \
@@ -471,11 +499,11 @@ OPFORGE_UNARY_OPS(OPFORGE_DEFINE_UNARY)
 
 Tensor leaky_relu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("leaky_relu");
-  return std::move(run_elementwise(op, {x}, {alpha})[0]);
+  return one_elementwise(op, {x}, {alpha});
 }
 Tensor elu(const Tensor& x, double alpha) {
   static const OpInfo& op = op_info("elu");
-  return std::move(run_elementwise(op, {x}, {alpha})[0]);
+  return one_elementwise(op, {x}, {alpha});
 }
 Tensor clip_out(const Tensor& out, const Tensor& x, double lo, double hi) {
   static const OpInfo& op = op_info("clip");
@@ -490,7 +518,7 @@ Tensor clip(const Tensor& x, double lo, double hi) { return clip_out({}, x, lo, 
 #define OPFORGE_DEFINE_BINARY(name)                                               \
   Tensor name(const Tensor& a, const Tensor& b) {                                 \
     static const OpInfo& op = op_info(#name);                                     \
-    return std::move(run_elementwise(op, {a, b}, {})[0]);                         \
+    return one_elementwise(op, {a, b}, {});                                       \
   }                                                                               \
   Tensor name(const Tensor& a, double b) { return name(a, WrappedNumber(a, b)); } \
   Tensor name##_out(const Tensor& out, const Tensor& a, const Tensor& b) {        \
@@ -505,22 +533,22 @@ OPFORGE_BINARY_OPS(OPFORGE_DEFINE_BINARY)
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_and");
-  return std::move(run_elementwise(op, {a, b}, {})[0]);
+  return one_elementwise(op, {a, b}, {});
 }
 Tensor logical_or(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_or");
-  return std::move(run_elementwise(op, {a, b}, {})[0]);
+  return one_elementwise(op, {a, b}, {});
 }
 Tensor logical_xor(const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("logical_xor");
-  return std::move(run_elementwise(op, {a, b}, {})[0]);
+  return one_elementwise(op, {a, b}, {});
 }
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   static const OpInfo& op = op_info("where");
   OPFORGE_CHECK(cond.defined() && cond.dtype() == DType::Bool)
       << "where: the condition must be a bool tensor, got "
       << (cond.defined() ? std::string(dtype_name(cond.dtype())) : std::string("undefined"));
-  return std::move(run_elementwise(op, {cond, a, b}, {})[0]);
+  return one_elementwise(op, {cond, a, b}, {});
 }
 
 std::pair<Tensor, Tensor> sincos(const Tensor& x) {
@@ -531,7 +559,7 @@ std::pair<Tensor, Tensor> sincos(const Tensor& x) {
 
 Tensor axpy_(const Tensor& y, double alpha, const Tensor& x) {
   static const OpInfo& op = op_info("axpy_");
-  return std::move(run_elementwise(op, {y, x}, {alpha})[0]);
+  return one_elementwise(op, {y, x}, {alpha});
 }
 
 // ---- in-place methods (PyTorch's): the result goes into this tensor, in its dtype ----
