@@ -117,4 +117,27 @@ TEST(CallPath, TwoThreadsCallingTinyOpsBothGetTheirResults) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// Each thread counts its kernel runs in a table of its own (a shared counter would bounce between
+// the cores on every call): the device's total is still every run, from every thread.
+TEST(CallPath, KernelRunsFromSeveralThreadsAllCount) {
+  opforge::Tensor a = random({4}, opforge::DType::Float32, Data::Normal, "callpath/runs_a");
+  opforge::Tensor b = random({4}, opforge::DType::Float32, Data::Normal, "callpath/runs_b");
+  auto cpu_runs = [] {
+    for (const opforge::DeviceStats& s : opforge::device_stats())
+      if (s.device.kind == opforge::DeviceKind::cpu && s.device.index == 0) return s.kernel_calls;
+    ADD_FAILURE() << "no cpu device in device_stats()";
+    return int64_t(0);
+  };
+  const int64_t before = cpu_runs();
+  constexpr int kCalls = 3000;
+  auto work = [&] {
+    for (int i = 0; i < kCalls; i++) opforge::Tensor c = opforge::add(a, b);
+  };
+  std::thread t1(work), t2(work);
+  t1.join();
+  t2.join();
+  work();
+  EXPECT_EQ(cpu_runs() - before, 3 * kCalls);
+}
+
 }  // namespace

@@ -123,12 +123,16 @@ size_t detail::size_class(size_t bytes) {
 }
 
 Storage::~Storage() {
-  {
-    // Held while forgetting: an eviction running meanwhile skips this storage (it only tries).
-    std::lock_guard<std::mutex> lock(data_mu_);
-    for (const Copy& c : copies_) c.mem->forget(this);
+  // A storage that never had a GPU copy is known to no device memory (nothing can evict it), so
+  // the common host-only case takes no lock.
+  if (on_gpus()) {
+    {
+      // Held while forgetting: an eviction running meanwhile skips this storage (it only tries).
+      std::lock_guard<std::mutex> lock(data_mu_);
+      for (const Copy& c : copies_) c.mem->forget(this);
+    }
+    for (const Copy& c : copies_) c.mem->release(c.block);
   }
-  for (const Copy& c : copies_) c.mem->release(c.block);
   if (void* p = ptr.load()) host_free(p, capacity);
   if (charged_to >= 0) detail::uncharge_host_allocation(charged_to, capacity);
 }

@@ -1,6 +1,7 @@
 // Per-call statistics: how often each (group, variant, device) ran and how long its timed runs
 // took, counted by each dispatching thread in a table of its own.
 #include <compare>
+#include <deque>
 #include <map>
 #include <unordered_map>
 
@@ -39,6 +40,9 @@ struct StatsKeyHash {
 struct ThreadStats {
   std::mutex mu;  // held to insert and by readers
   std::unordered_map<StatsKey, AtomicCallStats, StatsKeyHash> calls;
+  // Kernel runs by device index; grown (under mu) on a device's first run from this thread. A
+  // deque keeps its elements where they are when it grows, so a reader's sum stays valid.
+  std::deque<std::atomic<int64_t>> runs;
   StatsKey last_key;
   AtomicCallStats* last = nullptr;
   AtomicCallStats& at(const StatsKey& key) {
@@ -85,6 +89,28 @@ void count_time(const KernelGroup& g, int variant, int device, double seconds) {
   AtomicCallStats& c = thread_stats().at(stats_key(g, variant, device));
   c.timed.fetch_add(1, std::memory_order_relaxed);
   c.seconds.fetch_add(seconds, std::memory_order_relaxed);
+}
+
+void count_kernel_run(int device) {
+  ThreadStats& t = thread_stats();
+  if (size_t(device) >= t.runs.size()) {
+    std::lock_guard<std::mutex> lock(t.mu);
+    t.runs.resize(size_t(device) + 1);
+  }
+  // Only this thread writes its table: a load and a store, not a locked add.
+  std::atomic<int64_t>& n = t.runs[size_t(device)];
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+int64_t kernel_runs(int device) {
+  AllThreadStats& all = all_thread_stats();
+  std::lock_guard<std::mutex> lock(all.mu);
+  int64_t sum = 0;
+  for (const auto& t : all.threads) {
+    std::lock_guard<std::mutex> tl(t->mu);
+    if (size_t(device) < t->runs.size()) sum += t->runs[size_t(device)].load();
+  }
+  return sum;
 }
 
 void reset_call_stats() {

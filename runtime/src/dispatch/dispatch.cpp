@@ -59,7 +59,7 @@ std::string run_kernel(State& s, const KernelGroup& g, const Decision& d, void**
   std::string& slot = call_error ? *call_error : thread_halide_error();
   slot.clear();
   int rc = (call ? call->entry_for(*v.kernel) : v.kernel->argv)(args);
-  s.devices[size_t(d.device)]->calls++;
+  count_kernel_run(d.device);
   if (rc == 0) {
     fault = Fault::none;
     return {};

@@ -29,8 +29,7 @@ struct ExecDevice {
   bool in_auto = true;  // automatic placement may choose it
   std::unique_ptr<DeviceQueue> queue;
   std::unique_ptr<LoadMeter> meter;  // null: nothing else runs there (load 1)
-  std::atomic<int64_t> calls{0};
-  DeviceMemory* mem = nullptr;  // devices with memory of their own (GPUs): it
+  DeviceMemory* mem = nullptr;       // devices with memory of their own (GPUs): it
   // GPU devices: when the kernels enqueued there without waiting are predicted to have run, on
   // the dispatcher's clock (a call placed there starts no earlier).
   std::atomic<double> backlog_until{0};
@@ -83,6 +82,10 @@ const std::shared_ptr<ErrorSink>& thread_errors();
 void count_call(const KernelGroup& g, int variant, int device);
 void count_time(const KernelGroup& g, int variant, int device, double seconds);
 void reset_call_stats();
+// Kernel runs on each device (failed tries included), counted by each running thread in its own
+// table: a shared counter would move its cache line between the cores on every call.
+void count_kernel_run(int device);
+int64_t kernel_runs(int device);
 
 // placement.cpp: where a call may run, and the choice of (device, variant).
 bool pinned();

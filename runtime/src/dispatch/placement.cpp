@@ -142,11 +142,13 @@ void auto_devices(const State& s, std::vector<int>& devs) { devs = s.auto_device
 // on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
 // other than the default device, are an error unless soft device mode moves them to the default
 // device. `home`: where the output lives (the GPU device the call is pinned to, else the host).
-const std::vector<int>& candidate_devices(State& s, const std::string& op, const KernelArgs& args,
-                                          Device& home) {
+namespace {
+// candidate_devices() where a tensor lives on a GPU, the call is pinned or there is more to decide
+// than "any device automatic placement may use".
+const std::vector<int>& candidate_devices_slow(State& s, const std::string& op,
+                                               const KernelArgs& args, Device& home) {
   thread_local std::vector<int> devs;
   devs.clear();
-  home = {};
   int n = int(s.devices.size());
   std::optional<Device> gpu;
   std::string conflict;
@@ -179,9 +181,23 @@ const std::vector<int>& candidate_devices(State& s, const std::string& op, const
   } else if (s.auto_devices.size() > 1 && device_policy() == DevicePolicy::round_robin) {
     devs.push_back(s.auto_devices[s.round_robin++ % s.auto_devices.size()]);
   } else {
-    return s.auto_devices;  // the common case: no copy
+    return s.auto_devices;
   }
   return devs;
+}
+}  // namespace
+
+const std::vector<int>& candidate_devices(State& s, const std::string& op, const KernelArgs& args,
+                                          Device& home) {
+  home = {};
+  bool gpu = false;
+  for (int b = 0; b < args.num_buffers(); b++)
+    if (const Storage* st = args.storage(b)) gpu |= st->on_gpus();
+  // The common case: host tensors, no default-device scope, every automatic device (no copy).
+  if (!gpu && !pinned() && s.devices.size() > 1 &&
+      (s.auto_devices.size() == 1 || device_policy() != DevicePolicy::round_robin))
+    return s.auto_devices;
+  return candidate_devices_slow(s, op, args, home);
 }
 
 namespace {

@@ -150,7 +150,7 @@ std::vector<DeviceStats> device_stats() {
     const detail::ExecDevice& d = *s.devices[i];
     DeviceStats st;
     st.device = d.device;
-    st.kernel_calls = d.calls.load();
+    st.kernel_calls = detail::kernel_runs(int(i));
     st.queue_length = s.sched.queue_length(int(i));
     st.queued_seconds = s.sched.ready_in(int(i), now);
     st.load = d.meter ? d.meter->last() : 1.0;

@@ -203,9 +203,12 @@ void** KernelArgs::argv() {
 }
 
 void KernelArgs::prepare_host() {
+  host_on_gpus_ = false;
   for (int b = 0; b < nb_; b++) {
     Storage* st = storages_[size_t(b)];
-    if (!st || !st->on_gpus() || bufs_[size_t(b)].b.size_in_bytes() == 0) continue;
+    if (!st || !st->on_gpus()) continue;
+    host_on_gpus_ = true;
+    if (bufs_[size_t(b)].b.size_in_bytes() == 0) continue;
     halide_buffer_t& hb = bufs_[size_t(b)].b;
     hb.host = static_cast<uint8_t*>(st->host_current()) + offsets_[size_t(b)];
     // Where a GPU try failed before, the buffer still names its device copy.
@@ -216,6 +219,7 @@ void KernelArgs::prepare_host() {
 }
 
 void KernelArgs::host_done() {
+  if (!host_on_gpus_) return;
   for (int b = 0; b < nb_; b++)
     if (Storage* out = storages_[size_t(b)]; writes(b) && out && out->on_gpus())
       out->host_written();

@@ -122,6 +122,7 @@ class KernelArgs {
   void check(const KernelGroup& g) const;
 
   // Before a host kernel runs: brings stale host copies up to date and points the buffers at them.
+  // Notes whether any buffer has GPU copies, which host_done() then marks stale.
   void prepare_host();
   // After it ran: the written buffers' GPU copies are stale.
   void host_done();
@@ -157,7 +158,8 @@ class KernelArgs {
   // invalid one is undefined.
   std::array<BufferRole, kBufs> roles_{};
   std::array<uint8_t, kBufs> ranks_;
-  bool dense_ = true;  // every buffer so far is contiguous
+  bool dense_ = true;          // every buffer so far is contiguous
+  bool host_on_gpus_ = false;  // set by prepare_host()
   std::array<Storage*, kBufs> storages_;
   // References taken by add() (a view's) and retain(): an inline call on tensors the caller holds
   // needs none, which spares it an atomic count per buffer.
