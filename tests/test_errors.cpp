@@ -169,6 +169,10 @@ TEST(Errors, MiscellaneousInputChecks) {
   EXPECT_OPFORGE_ERROR(opforge::concat({}, 0), "concat");
   EXPECT_OPFORGE_ERROR(opforge::add(Tensor(), x), "add");
   EXPECT_OPFORGE_ERROR(Tensor::empty({2, -1}), "empty");
+  EXPECT_OPFORGE_ERROR(Tensor::empty({int64_t(1) << 40, int64_t(1) << 40}), "empty",
+                       "more elements than any memory can hold");
+  // No elements, whatever the other dims: a valid tensor (its strides are never used).
+  EXPECT_EQ(Tensor::empty({0, int64_t(1) << 40, int64_t(1) << 40}).numel(), 0);
   EXPECT_OPFORGE_ERROR(x.expand({3, 5}), "expand");
   EXPECT_OPFORGE_ERROR(Tensor::rand({3}, DType::Int32), "rand", "int32");
   Tensor idx = Tensor::from_vector<int64_t>({0, 3}, {2});

@@ -3,6 +3,7 @@
 // skip in the main run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <thread>
@@ -139,7 +140,12 @@ TEST(LogicalCpu, UtilizationIsThePoolsBusyTime) {
     while (!stop) matmul(a, b);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  double busy = dev_util(parse_device("cpu:1"));
+  // One sample is 50 ms of the pool's busy time; on a shared machine (or under a sanitizer, with
+  // other tests running) one can fall short while the pool waits for a core: the busiest of up
+  // to five counts.
+  double busy = 0;
+  for (int i = 0; i < 5 && busy <= 20.0; i++)
+    busy = std::max(busy, dev_util(parse_device("cpu:1")));
   double idle = dev_util(parse_device("cpu:0"));
   stop = true;
   load.join();

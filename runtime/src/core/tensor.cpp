@@ -152,15 +152,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   Tensor t;
   t.strides_.resize(rank);
   int64_t n = 1, stride = 1;
-  bool bad = false;
+  bool negative = false, overflow = false, zero = false;
   for (size_t i = rank; i-- > 0;) {
     const int64_t d = shape[i];
-    bad |= d < 0;
-    bad |= __builtin_mul_overflow(n, d, &n);
+    negative |= d < 0;
+    zero |= d == 0;
+    overflow |= __builtin_mul_overflow(n, d, &n);
     t.strides_[i] = stride;
-    bad |= __builtin_mul_overflow(stride, std::max<int64_t>(d, 1), &stride);
+    // Strides of a tensor with elements stay below its count; only a zero-element tensor's may
+    // wrap, and nothing addresses them.
+    __builtin_mul_overflow(stride, std::max<int64_t>(d, 1), &stride);
   }
-  if (bad || n > (int64_t(1) << 58)) {
+  // A zero dim makes the count 0 whatever the others are (n ends at 0 once it meets it).
+  if (negative || (overflow && !zero) || n > (int64_t(1) << 58)) {
     check_shape(shape, "empty");
     OPFORGE_CHECK(false) << "empty: shape " << shape_str(shape)
                          << " has more elements than any memory can hold";

@@ -204,8 +204,8 @@ namespace {
 // A thread's last call with one device to choose from and nothing forced: its candidate and bucket
 // key. They depend only on the group, the exact extents, the dense bit and the device, so a loop
 // of calls at one shape (a training step's) finds them here instead of comparing its extents with
-// every variant's minimum again. Groups are never freed (the registry keeps its snapshots), so a
-// pointer names one for good.
+// every variant's minimum again. The registry's groups are never freed (it keeps its snapshots),
+// so a pointer names one for good.
 struct LastCall {
   const KernelGroup* group = nullptr;
   CallExtents ext;
@@ -234,7 +234,10 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
   const bool plain =
       !s.any_forced.load(std::memory_order_relaxed) && !s.any_clock.load(std::memory_order_relaxed);
   const bool dense = g.has_dense && args && args->dense();
-  if (plain && last.matches(g, ext, dense, devs)) {
+  // Only launch()'s calls (args set) use the memo: their groups are the registry's, never freed;
+  // dispatch() may be handed a caller's group, whose address a later one could reuse.
+  const bool memo = plain && args;
+  if (memo && last.matches(g, ext, dense, devs)) {
     static const std::vector<double> none;  // one device: no transfer or input times to weigh
     Decision d;
     s.sched.decide_into(d, last.key, last.cands, none, 0, s.log, none);
@@ -294,7 +297,7 @@ Decision choose(State& s, const KernelGroup& g, const CallExtents& ext,
     for (const auto& c : cands) not_before(c.device, backlog(c.device));
   }
   const uint64_t key = bucket_key(g, ext, args);
-  if (plain && devs.size() == 1 && cands.size() == 1) {
+  if (memo && devs.size() == 1 && cands.size() == 1) {
     last.group = &g;
     last.ext = ext;
     last.dense = dense;

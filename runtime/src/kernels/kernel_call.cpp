@@ -76,6 +76,7 @@ KernelArgs::Buf& KernelArgs::next_buffer(BufferRole role, Storage* storage, size
 }
 
 void KernelArgs::add(View& v, BufferRole role) {
+  OPFORGE_CHECK(nb_ < int(bufs_.size())) << "a kernel takes at most " << bufs_.size() << " tensors";
   if (!owned_) owned_.emplace();
   std::shared_ptr<Storage>& own = (*owned_)[size_t(nb_)];
   own = std::move(v.storage);
@@ -251,8 +252,8 @@ void KernelArgs::prepare_device(DeviceMemory& mem) {
 
 void KernelArgs::device_done(DeviceMemory& mem, bool ran) {
   auto release_staged = [&] {
-    for (auto& dense : staged_)
-      if (dense) {
+    for (int b = 0; b < nb_; b++)
+      if (DeviceBlock*& dense = staged_[size_t(b)]) {
         mem.release(dense);
         dense = nullptr;
       }
