@@ -276,6 +276,13 @@ int run_train(const TrainOptions& given) {
   ranks.shard(loader);
   AutoBatch auto_batch(o, ranks.rank, ranks.world);
   auto_batch.resume_at(start.batch, start.batch_start, loader);
+  // Where the run is, for a checkpoint: with --batch-size auto, also its batch now and at the
+  // start.
+  auto position = [&](int64_t epoch, int64_t batches, double loss_sum, int64_t seen) {
+    const bool a = auto_batch.on();
+    return RunPosition{
+        epoch, batches, loss_sum, seen, a ? auto_batch.batch() : 0, a ? auto_batch.start() : 0};
+  };
   Progress progress(o.epochs, loader.batches_per_epoch());
   int64_t steps = 0;  // run by this process
   for (int64_t epoch = start.epoch; epoch < o.epochs; epoch++) {
@@ -292,9 +299,6 @@ int run_train(const TrainOptions& given) {
       const int64_t done =
           std::min(loader.samples_per_epoch(),
                    (std::min(start.seen, train.size()) + ranks.world - 1) / ranks.world);
-      OPFORGE_CHECK(done <= loader.samples_per_epoch())
-          << "--resume: the checkpoint is " << done << " samples into epoch " << epoch + 1
-          << ", which has " << loader.samples_per_epoch();
       loader.start_epoch(epoch, done);
       loss_sum = start.loss_sum;
       seen = start.seen;
@@ -332,12 +336,7 @@ int run_train(const TrainOptions& given) {
                       stepper.last_split());
       steps++;
       batch_no++;
-      const RunPosition here{epoch,
-                             batch_no,
-                             loss_sum,
-                             seen,
-                             auto_batch.on() ? auto_batch.batch() : 0,
-                             auto_batch.on() ? auto_batch.start() : 0};
+      const RunPosition here = position(epoch, batch_no, loss_sum, seen);
       if (o.max_steps > 0 && steps == o.max_steps) {
         if (lead) save_checkpoint(dir, o, *net, *opt, here);
         progress.end_epoch();
@@ -384,9 +383,7 @@ int run_train(const TrainOptions& given) {
                       {"input_mean", exact_text(inputs.mean)},
                       {"input_std", exact_text(inputs.std)}});
     draw_training_plot((dir / "plot.svg").string(), losses, accuracies);
-    save_checkpoint(dir, o, *net, *opt,
-                    {epoch + 1, 0, 0, 0, auto_batch.on() ? auto_batch.batch() : 0,
-                     auto_batch.on() ? auto_batch.start() : 0});
+    save_checkpoint(dir, o, *net, *opt, position(epoch + 1, 0, 0, 0));
   }
   std::cout << "run folder: " << dir.string() << " (weights.safetensors, metrics.csv, plot.svg)\n";
   return 0;

@@ -510,6 +510,24 @@ BenchResult bench_dispatch_add_4(const BenchOptions& o) {
 #endif
 }
 
+// A training step's row against libtorch's step (`theirs_for(threads, y)` makes it with opforge's
+// thread count; y gets its first result, checked against ours, `y`), timed alternately. Without
+// libtorch (no `theirs_for`), ours alone.
+using TorchStep = std::function<Fn(int threads, std::vector<float>& y)>;
+BenchResult step_against_torch(const std::string& name, const Fn& ours, const Tensor& y,
+                               const std::string& peer_name, const TorchStep& theirs_for,
+                               const BenchOptions& o) {
+  if (!theirs_for)
+    return make_result(name, "us/call", seconds_per_call({ours}, o)[0] * 1e6,
+                       "none (libtorch not found at configure time)", 0);
+  std::vector<float> theirs_y;
+  const Fn theirs = theirs_for(num_cpu_cores(true), theirs_y);
+  check_close(name, "libtorch", float_values(y.detach()), theirs_y, 1e-4);
+  warm_up(theirs, 2);
+  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
+  return make_result(name, "us/call", t[0] * 1e6, peer_name, t[1] * 1e6);
+}
+
 // One training step of layer normalisation over rows of 1024 (a transformer's hidden size), 512
 // rows: the forward and the backward for x, the weight and the bias, against libtorch's
 // torch::layer_norm and autograd with the same threads.
@@ -529,18 +547,14 @@ BenchResult bench_layer_norm_step(const BenchOptions& o) {
   };
   warm_up(ours, calibration_calls("layer_norm"));
   check_shape(name, y, shape);
+  TorchStep theirs;
 #ifdef OPFORGE_HAVE_LIBTORCH
-  std::vector<float> theirs_y;
-  const Fn theirs = torch_layer_norm_step(float_values(x.detach()), float_values(g), {512, 1024},
-                                          num_cpu_cores(true), theirs_y);
-  check_close(name, "libtorch", float_values(y.detach()), theirs_y, 1e-4);
-  warm_up(theirs, 2);
-  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
-  return make_result(name, "us/call", t[0] * 1e6, "libtorch_layer_norm", t[1] * 1e6);
-#else
-  return make_result(name, "us/call", seconds_per_call({ours}, o)[0] * 1e6,
-                     "none (libtorch not found at configure time)", 0);
+  theirs = [&](int threads, std::vector<float>& theirs_y) {
+    return torch_layer_norm_step(float_values(x.detach()), float_values(g), {512, 1024}, threads,
+                                 theirs_y);
+  };
 #endif
+  return step_against_torch(name, ours, y, "libtorch_layer_norm", theirs, o);
 }
 
 // One training step of batch normalisation at the CNN's first layer's size (batch 128, 32
@@ -564,18 +578,14 @@ BenchResult bench_batch_norm_step(const BenchOptions& o) {
   };
   warm_up(ours, calibration_calls("batch_norm"));
   check_shape(name, y, shape);
+  TorchStep theirs;
 #ifdef OPFORGE_HAVE_LIBTORCH
-  std::vector<float> theirs_y;
-  const Fn theirs = torch_batch_norm_step(float_values(x.detach()), float_values(g),
-                                          {128, 32, 24, 24}, num_cpu_cores(true), theirs_y);
-  check_close(name, "libtorch", float_values(y.detach()), theirs_y, 1e-4);
-  warm_up(theirs, 2);
-  const std::vector<double> t = seconds_per_call({ours, theirs}, o);
-  return make_result(name, "us/call", t[0] * 1e6, "libtorch_batch_norm", t[1] * 1e6);
-#else
-  return make_result(name, "us/call", seconds_per_call({ours}, o)[0] * 1e6,
-                     "none (libtorch not found at configure time)", 0);
+  theirs = [&](int threads, std::vector<float>& theirs_y) {
+    return torch_batch_norm_step(float_values(x.detach()), float_values(g), {128, 32, 24, 24},
+                                 threads, theirs_y);
+  };
 #endif
+  return step_against_torch(name, ours, y, "libtorch_batch_norm", theirs, o);
 }
 
 // Two threads calling tiny ops at once, against one thread: how the per-call path scales when it

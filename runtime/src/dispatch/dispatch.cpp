@@ -312,8 +312,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
         record_time(s, g, d, seconds, true);
       } else if (fault == Fault::kernel) {
         s.sched.failed(d, true);
-        std::vector<int> devs{d.device};
-        if (placed) auto_devices(s, devs);
+        const std::vector<int> devs = placed ? s.auto_devices : std::vector<int>{d.device};
         if (may_fail_over) err = retry_elsewhere(s, g, ext, devs, clock, args, d, err);
       } else {
         record_failure(s, g, d, true);
@@ -321,7 +320,7 @@ void launch(const KernelGroup& g, const CallExtents& ext, KernelArgs&& args) {
         // placement sent there runs on another device instead.
         std::vector<int> others;
         if (fault == Fault::around && inputs_ok && may_fail_over && placed) {
-          auto_devices(s, others);
+          others = s.auto_devices;
           others.erase(std::remove(others.begin(), others.end(), d.device), others.end());
         }
         if (!others.empty()) err = retry_elsewhere(s, g, ext, others, clock, args, d, err);

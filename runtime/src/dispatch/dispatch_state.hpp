@@ -90,7 +90,6 @@ int64_t kernel_runs(int device);
 // placement.cpp: where a call may run, and the choice of (device, variant).
 bool pinned();
 int exec_index(const State& s, const Device& d, const std::string& op);
-void auto_devices(const State& s, std::vector<int>& devs);
 const std::vector<int>& candidate_devices(State& s, const std::string& op, const KernelArgs& args,
                                           Device& home);
 // Chooses (device, variant) for a call; counts the choice. deps: the events of the calls whose

@@ -135,69 +135,61 @@ int exec_index(const State& s, const Device& d, const std::string& op) {
 
 bool pinned() { return default_device_is_set(); }
 
-// The devices automatic placement chooses from.
-void auto_devices(const State& s, std::vector<int>& devs) { devs = s.auto_devices; }
-
-// The devices a call may run on (a per-thread list, valid until the next call). Tensors that live
-// on a GPU device pin the call there (device inference); tensors on two GPU devices, or on one
-// other than the default device, are an error unless soft device mode moves them to the default
-// device. `home`: where the output lives (the GPU device the call is pinned to, else the host).
 namespace {
-// candidate_devices() where a tensor lives on a GPU, the call is pinned or there is more to decide
-// than "any device automatic placement may use".
-const std::vector<int>& candidate_devices_slow(State& s, const std::string& op,
-                                               const KernelArgs& args, Device& home) {
-  thread_local std::vector<int> devs;
-  devs.clear();
-  int n = int(s.devices.size());
+// Device inference: the device a call whose tensors have GPU copies runs on, if one of them lives
+// on a GPU (the output counts too: writing into a GPU tensor is a call on its device); nullopt when
+// they all live on the host. Tensors on two GPU devices, or on one other than the default device,
+// are an error unless soft device mode moves them to the default device.
+std::optional<Device> gpu_target(const std::string& op, const KernelArgs& args) {
   std::optional<Device> gpu;
   std::string conflict;
-  // The output counts too: writing into a GPU tensor is a call on its device.
   for (int b = 0; b < args.num_buffers(); b++) {
-    const auto& st = args.storage(b);
+    const Storage* st = args.storage(b);
     if (!st || !st->on_gpus()) continue;
     Device h = st->home();
     if (h.kind == DeviceKind::cpu || (gpu && h == *gpu)) continue;
     if (gpu && conflict.empty()) conflict = "tensors on " + gpu->str() + " and " + h.str();
     if (!gpu) gpu = h;
   }
-  if (gpu) {
-    Device target = pinned() ? default_device() : *gpu;
-    if (conflict.empty() && !(target == *gpu))
-      conflict = "a tensor on " + gpu->str() + " while the default device is " + target.str();
-    if (!conflict.empty()) {
-      if (!soft_device_mode())
-        throw Error(op + ": " + conflict +
-                    "; move the inputs with to_device(), or turn on soft device mode "
-                    "(set_soft_device_mode(true)) to have them moved to the default device");
-      target = default_device();
-    }
-    devs.push_back(exec_index(s, target, op));
-    if (target.kind != DeviceKind::cpu) home = target;
-  } else if (pinned()) {
-    devs.push_back(exec_index(s, default_device(), op));
-  } else if (n == 1) {
-    devs.push_back(0);
-  } else if (s.auto_devices.size() > 1 && device_policy() == DevicePolicy::round_robin) {
-    devs.push_back(s.auto_devices[s.round_robin++ % s.auto_devices.size()]);
-  } else {
-    return s.auto_devices;
-  }
-  return devs;
+  if (!gpu) return std::nullopt;
+  Device target = pinned() ? default_device() : *gpu;
+  if (conflict.empty() && !(target == *gpu))
+    conflict = "a tensor on " + gpu->str() + " while the default device is " + target.str();
+  if (conflict.empty()) return target;
+  if (!soft_device_mode())
+    throw Error(op + ": " + conflict +
+                "; move the inputs with to_device(), or turn on soft device mode "
+                "(set_soft_device_mode(true)) to have them moved to the default device");
+  return default_device();
 }
 }  // namespace
 
+// The devices a call may run on (valid until this thread's next call): the GPU device its tensors
+// live on (gpu_target), else the default device of a scope, else those automatic placement chooses
+// from (one of them in turn under the round-robin policy). `home`: where the output lives (the GPU
+// device the call is pinned to, else the host).
 const std::vector<int>& candidate_devices(State& s, const std::string& op, const KernelArgs& args,
                                           Device& home) {
+  thread_local std::vector<int> one(1);
   home = {};
-  bool gpu = false;
+  bool on_gpus = false;
   for (int b = 0; b < args.num_buffers(); b++)
-    if (const Storage* st = args.storage(b)) gpu |= st->on_gpus();
-  // The common case: host tensors, no default-device scope, every automatic device (no copy).
-  if (!gpu && !pinned() && s.devices.size() > 1 &&
-      (s.auto_devices.size() == 1 || device_policy() != DevicePolicy::round_robin))
-    return s.auto_devices;
-  return candidate_devices_slow(s, op, args, home);
+    if (const Storage* st = args.storage(b)) on_gpus |= st->on_gpus();
+  if (on_gpus)
+    if (std::optional<Device> target = gpu_target(op, args)) {
+      one[0] = exec_index(s, *target, op);
+      if (target->kind != DeviceKind::cpu) home = *target;
+      return one;
+    }
+  if (pinned()) {
+    one[0] = exec_index(s, default_device(), op);
+    return one;
+  }
+  if (s.auto_devices.size() > 1 && device_policy() == DevicePolicy::round_robin) {
+    one[0] = s.auto_devices[s.round_robin++ % s.auto_devices.size()];
+    return one;
+  }
+  return s.auto_devices;  // the common case: no copy
 }
 
 namespace {

@@ -155,14 +155,22 @@ bool run_dense(const OpInfo& op, std::span<const Tensor* const> in, std::span<co
   return true;
 }
 
-// An elementwise call's op and tensor counts, checked once per call.
-void check_call(const OpInfo& op, size_t inputs, size_t outs) {
+// check_call's refusal, out of line: the messages stay off the per-call path.
+[[noreturn]] void refuse_call(const OpInfo& op, size_t inputs, size_t outs) {
   OPFORGE_CHECK(op.family == "elementwise")
       << op.name << " is a " << op.family << " op, not elementwise";
   OPFORGE_CHECK(int(inputs) == op.num_inputs)
       << op.name << ": expected " << op.num_inputs << " input(s), got " << inputs;
   OPFORGE_CHECK(outs == 0 || int(outs) == op.num_outputs)
       << op.name << ": expected " << op.num_outputs << " output tensor(s), got " << outs;
+  throw Error("internal: " + op.name + ": a call was refused, but its counts match");
+}
+
+// An elementwise call's op and tensor counts, checked once per call.
+inline void check_call(const OpInfo& op, size_t inputs, size_t outs) {
+  if (int(inputs) != op.num_inputs || (outs != 0 && int(outs) != op.num_outputs) ||
+      op.family != "elementwise")
+    refuse_call(op, inputs, outs);
 }
 
 // The general path, after check_call: any dtypes, broadcasting, out=, in-place buffers. `outs`:
@@ -256,6 +264,29 @@ TensorList run_general(const OpInfo& op, std::span<const Tensor> inputs,
 TensorList run_recorded(const OpInfo& op, std::span<const Tensor> inputs,
                         std::span<const double> attrs, std::span<const Tensor> outs);
 
+// The dense path (run_dense) over any range of tensors (a span of them, a list of references).
+template <class Tensors>
+bool try_dense(const OpInfo& op, const Tensors& in, std::span<const double> attrs,
+               std::span<Tensor> results) {
+  std::array<const Tensor*, TensorList::kCapacity> refs;
+  size_t n = 0;
+  for (const Tensor& t : in) refs[n++] = &t;
+  return run_dense(op, std::span<const Tensor* const>(refs.data(), n), attrs, results);
+}
+
+// The op's results, undefined until a path sets them.
+TensorList blank_results(const OpInfo& op) {
+  TensorList results;
+  for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor());
+  return results;
+}
+
+Tensor one_result(const OpInfo& op, TensorList results) {
+  OPFORGE_CHECK(results.size() == 1) << op.name << " has " << results.size()
+                                     << " results; call elementwise_results() to get them all";
+  return std::move(results[0]);
+}
+
 // Runs an elementwise op (see run_general) on the dense path when it can, else the general one;
 // a call whose inputs want gradients is recorded (run_recorded).
 TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
@@ -263,12 +294,8 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
   check_call(op, inputs.size(), outs.size());
   if (autograd::wants_grad(inputs)) return run_recorded(op, inputs, attrs, outs);
   if (outs.empty()) {
-    std::array<const Tensor*, TensorList::kCapacity> refs;
-    for (size_t i = 0; i < inputs.size(); i++) refs[i] = &inputs[i];
-    TensorList results;
-    for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor());
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), inputs.size()), attrs,
-                  std::span<Tensor>(results.begin(), results.size())))
+    TensorList results = blank_results(op);
+    if (try_dense(op, inputs, attrs, std::span<Tensor>(results.begin(), results.size())))
       return results;
   }
   return run_general(op, inputs, attrs, outs);
@@ -276,22 +303,11 @@ TensorList run_elementwise(const OpInfo& op, std::span<const Tensor> inputs,
 
 // The op functions' form: the tensors by reference, copied only where the general path needs them.
 using TensorRef = std::reference_wrapper<const Tensor>;
-TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
-                           std::initializer_list<double> attrs,
-                           std::initializer_list<TensorRef> outs = {}) {
-  check_call(op, in.size(), outs.size());
-  std::span<const double> a(attrs.begin(), attrs.size());
-  const bool grad = autograd::wants_grad(in);
-  if (outs.size() == 0 && !grad) {
-    std::array<const Tensor*, TensorList::kCapacity> refs;
-    size_t n = 0;
-    for (const Tensor& t : in) refs[n++] = &t;
-    TensorList results;
-    for (int k = 0; k < op.num_outputs; k++) results.push_back(Tensor());
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n), a,
-                  std::span<Tensor>(results.begin(), results.size())))
-      return results;
-  }
+
+// A checked call of that form that the dense path did not run (`grad`: its inputs want gradients).
+TensorList run_listed(const OpInfo& op, std::initializer_list<TensorRef> in,
+                      std::span<const double> attrs, std::initializer_list<TensorRef> outs,
+                      bool grad) {
   TensorList ins, os;
   for (const Tensor& t : in) ins.push_back(t);
   for (const Tensor& t : outs) {
@@ -300,26 +316,34 @@ TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in
     if (grad) autograd::meta_of(t);
     os.push_back(t);
   }
-  if (grad) return run_recorded(op, ins.span(), a, os.span());
-  return run_general(op, ins.span(), a, os.span());
+  if (grad) return run_recorded(op, ins.span(), attrs, os.span());
+  return run_general(op, ins.span(), attrs, os.span());
 }
 
-// An op function's call of a one-result op, its tensors by reference: on the dense path the result
-// is made where the caller receives it (no list of results, no moves).
+TensorList run_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
+                           std::initializer_list<double> attrs,
+                           std::initializer_list<TensorRef> outs = {}) {
+  check_call(op, in.size(), outs.size());
+  std::span<const double> a(attrs.begin(), attrs.size());
+  const bool grad = autograd::wants_grad(in);
+  if (outs.size() == 0 && !grad) {
+    TensorList results = blank_results(op);
+    if (try_dense(op, in, a, std::span<Tensor>(results.begin(), results.size()))) return results;
+  }
+  return run_listed(op, in, a, outs, grad);
+}
+
+// An op function's call of a one-result op: on the dense path the result is made where the caller
+// receives it (no list of results, no moves).
 Tensor one_elementwise(const OpInfo& op, std::initializer_list<TensorRef> in,
                        std::initializer_list<double> attrs) {
+  check_call(op, in.size(), 0);
+  std::span<const double> a(attrs.begin(), attrs.size());
+  const bool grad = autograd::wants_grad(in);
   Tensor r;
-  if (op.num_outputs == 1 && in.size() <= TensorList::kCapacity &&
-      int(in.size()) == op.num_inputs && op.family == "elementwise" && !autograd::wants_grad(in)) {
-    std::array<const Tensor*, TensorList::kCapacity> refs;
-    size_t n = 0;
-    for (const Tensor& t : in) refs[n++] = &t;
-    if (run_dense(op, std::span<const Tensor* const>(refs.data(), n),
-                  std::span<const double>(attrs.begin(), attrs.size()), std::span<Tensor>(&r, 1)))
-      return r;
-  }
-  r = std::move(run_elementwise(op, in, attrs)[0]);
-  return r;
+  if (!grad && op.num_outputs == 1 && try_dense(op, in, a, std::span<Tensor>(&r, 1))) return r;
+  r = one_result(op, run_listed(op, in, a, {}, grad));
+  return r;  // every return names r, so that it is built in the caller's place (NRVO)
 }
 
 // The gradient of a recorded call: the op's backward kernel (elementwise_backward), with integer
@@ -465,12 +489,6 @@ class WrappedNumber {
   Tensor t_;
   Tensor* slot_;
 };
-
-Tensor one_result(const OpInfo& op, TensorList results) {
-  OPFORGE_CHECK(results.size() == 1) << op.name << " has " << results.size()
-                                     << " results; call elementwise_results() to get them all";
-  return std::move(results[0]);
-}
 
 }  // namespace
 
