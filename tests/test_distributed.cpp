@@ -91,7 +91,9 @@ TEST(DistributedSampler, TheRanksTogetherHoldEachBatchOfOneProcess) {
 // whose gradients reach the reducer at finish() rather than during the backward pass).
 void train_as_one_process(bool data_parallel) {
   const int world = distributed::world_size(), rank = distributed::rank();
-  const int64_t batch = 16 * world, samples = 96;
+  // Whole batches on every world size: a short last batch would give ranks unequal parts, whose
+  // means averaged are not the batch's mean (DDP's too).
+  const int64_t batch = 16 * world, samples = 3 * batch;
   nn::CrossEntropyLoss criterion;
   optim::SGDOptions o{.lr = 0.1, .momentum = 0.9};
 
@@ -183,9 +185,13 @@ TEST(Distributed, AReducerOverTwoBackwardPassesAveragesTheirSum) {
   for (const Tensor& p : plain->parameters()) want.push_back(p.grad());
   distributed::all_reduce_mean(want);
   std::vector<Tensor> got = with_reducer->parameters();
+  // Two ranks' sums are exact whatever the buckets; more ranks may add in another order when the
+  // buckets (and so the all-reduce's segments) differ: float32 rounding.
+  const double rel = distributed::world_size() == 2 ? 0.0 : 4e-7;
   for (size_t j = 0; j < want.size(); j++) {
     std::vector<double> w = want[j].to_vector<double>(), g = got[j].grad().to_vector<double>();
-    for (size_t k = 0; k < w.size(); k++) ASSERT_EQ(g[k], w[k]) << "parameter " << j << " " << k;
+    for (size_t k = 0; k < w.size(); k++)
+      ASSERT_NEAR(g[k], w[k], rel * std::abs(w[k])) << "parameter " << j << " " << k;
   }
 }
 

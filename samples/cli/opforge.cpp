@@ -462,12 +462,17 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
                       {"measured_split", run(r.measured)},
                       {"fixed_split", run(r.fixed)},
                       {"ratio", r.ratio},
-                      {"mpi_scaling", m.ran ? Json{{"one_process_one_core", m.one_process},
-                                                   {"two_ranks_one_core_each", m.two_ranks},
-                                                   {"efficiency", m.efficiency},
-                                                   {"allreduce_ms", m.allreduce_ms},
-                                                   {"step_ms", m.step_ms}}
-                                            : Json{{"missing", m.why_not}}}}
+                      {"mpi_scaling", m.ran
+                                          ? Json{{"one_process_one_core", m.one_process},
+                                                 {"two_ranks_one_core_each", m.two_ranks},
+                                                 {"efficiency", m.efficiency},
+                                                 {"without_communication", m.without_communication},
+                                                 {"efficiency_without_communication",
+                                                  m.efficiency_without_communication},
+                                                 {"reduce_wait_ms", m.reduce_ms},
+                                                 {"allreduce_ms", m.allreduce_ms},
+                                                 {"step_ms", m.step_ms}}
+                                          : Json{{"missing", m.why_not}}}}
                      .dump(2)
               << '\n';
     return 0;
@@ -498,14 +503,20 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
   }
   std::cout << "\ntrain_" << o.model << ", batch " << o.batch_size
             << " in all: one process on one core against two MPI ranks of one core each\n\n";
-  Table s({"run", "samples/s"}, {false, true});
-  s.add({"1 process, 1 core", fixed(m.one_process, 0)});
-  s.add({"2 ranks (mpirun), 1 core each", fixed(m.two_ranks, 0)});
+  Table s({"run", "samples/s", "efficiency"}, {false, true, true});
+  s.add({"1 process, 1 core", fixed(m.one_process, 0), "-"});
+  s.add(
+      {"2 ranks (mpirun), 1 core each", fixed(m.two_ranks, 0), fixed(100 * m.efficiency, 1) + "%"});
+  s.add({"2 processes of half the batch, no communication", fixed(m.without_communication, 0),
+         fixed(100 * m.efficiency_without_communication, 1) + "%"});
   s.print(std::cout);
   std::cout << "\nscaling efficiency: " << fixed(100 * m.efficiency, 1)
             << "% (target >= 85%); one all-reduce of the gradients between the ranks "
-            << fixed(m.allreduce_ms, 3) << " ms, a step on one core " << fixed(m.step_ms, 2)
-            << " ms; medians of " << repeats << " alternated rounds\n";
+            << fixed(m.allreduce_ms, 3)
+            << " ms, a rank's wait for the sums after its backward pass " << fixed(m.reduce_ms, 3)
+            << " ms, a step on one core " << fixed(m.step_ms, 2) << " ms; medians of " << repeats
+            << " alternated rounds\n(the last row: twice the slower process's samples/s, what two "
+               "ranks could reach if communicating cost nothing)\n";
   return 0;
 }
 

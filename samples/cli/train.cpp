@@ -410,7 +410,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
   ranks.shard(loader);
   loader.start_epoch(0);
   using Clock = std::chrono::steady_clock;
-  double phase[4] = {0, 0, 0, 0};
+  double phase[5] = {0, 0, 0, 0, 0};
   Clock::time_point start;
   for (int64_t s = 0; s < warmup + steps; s++) {
     if (s == warmup) {
@@ -429,6 +429,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
       loss = criterion((*net)(b->images), b->labels);
     auto t2 = Clock::now();
     if (!stepper.parallel()) loss.backward();
+    auto t_reduce = Clock::now();
     ranks.finish_gradients();
     auto t3 = Clock::now();
     opt->step();
@@ -439,6 +440,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
     phase[1] += Seconds(t2 - t1).count();
     phase[2] += Seconds(t3 - t2).count();
     phase[3] += Seconds(t4 - t3).count();
+    phase[4] += Seconds(t3 - t_reduce).count();
   }
   double seconds = Seconds(Clock::now() - start).count();
   double ms = 1e3 / double(steps);
@@ -447,6 +449,7 @@ TrainTiming time_training(const TrainOptions& o, int64_t steps, int64_t warmup) 
           phase[1] * ms,
           phase[2] * ms,
           phase[3] * ms,
+          phase[4] * ms,
           stepper.shares_since_reset(),
           stepper.share_ms_since_reset()};
 }

@@ -55,6 +55,8 @@ struct TrainTiming {
   // Milliseconds per step: waiting for the batch, forward pass and loss, backward pass, and the
   // optimiser's step with zero_grad.
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+  // Distributed: the part of backward_ms after the backward pass, waiting for the ranks' sums.
+  double reduce_ms = 0;
   // Data-parallel: each device's share of the samples (the forward and backward passes of the
   // shares overlap, so their time is all in forward_ms).
   std::vector<std::pair<std::string, double>> split;

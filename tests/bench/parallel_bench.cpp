@@ -60,24 +60,36 @@ ParallelBenchResult run_parallel_bench(const ParallelBenchOptions& o) {
 }
 
 namespace {
-// Runs a command and returns the figures it printed as "name value" lines.
-std::map<std::string, double> figures_from(const std::string& command) {
-  std::string output;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  OPFORGE_CHECK(p) << "bench --distributed: cannot run " << command;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) output.append(buf, n);
-  int rc = pclose(p);
-  OPFORGE_CHECK(rc == 0) << "bench --distributed: `" << command << "` failed:\n" << output;
-  std::map<std::string, double> out;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream in(line);
-    std::string name;
-    double v = 0;
-    if (in >> name >> v && in.eof()) out[name] = v;
+// Runs commands at once and returns the figures each printed as "name value" lines.
+std::vector<std::map<std::string, double>> figures_from(const std::vector<std::string>& commands) {
+  std::vector<FILE*> pipes;
+  for (const std::string& command : commands)
+    pipes.push_back(popen((command + " 2>&1").c_str(), "r"));
+  std::vector<std::string> outputs(commands.size());
+  std::vector<int> rcs(commands.size(), -1);
+  for (size_t i = 0; i < commands.size(); i++) {  // each prints a few lines: no pipe fills
+    if (!pipes[i]) continue;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, pipes[i])) outputs[i].append(buf, n);
+    rcs[i] = pclose(pipes[i]);
   }
-  return out;
+  std::vector<std::map<std::string, double>> all(commands.size());
+  for (size_t i = 0; i < commands.size(); i++) {
+    OPFORGE_CHECK(pipes[i]) << "bench --distributed: cannot run " << commands[i];
+    OPFORGE_CHECK(rcs[i] == 0) << "bench --distributed: `" << commands[i] << "` failed:\n"
+                               << outputs[i];
+    std::istringstream lines(outputs[i]);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream in(line);
+      std::string name;
+      double v = 0;
+      if (in >> name >> v && in.eof()) all[i][name] = v;
+    }
+  }
+  return all;
+}
+std::map<std::string, double> figures_from(const std::string& command) {
+  return figures_from(std::vector<std::string>{command})[0];
 }
 double figure(const std::map<std::string, double>& f, const std::string& name,
               const std::string& command) {
@@ -111,7 +123,9 @@ int run_mpi_worker(int64_t batch_size) {
   }
   if (lead)
     std::cout << "samples_per_second " << t.samples_per_second << "\nstep_ms "
-              << t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms << std::endl;
+              << t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms << "\ndata_ms "
+              << t.data_ms << "\nforward_ms " << t.forward_ms << "\nbackward_ms " << t.backward_ms
+              << "\nreduce_ms " << t.reduce_ms << "\noptimizer_ms " << t.optimizer_ms << std::endl;
   return 0;
 }
 
@@ -132,20 +146,32 @@ MpiScaling run_mpi_scaling(const std::string& exe, int rounds, int64_t batch_siz
                           " --allow-run-as-root --oversubscribe -np 2 --bind-to core -x "
                           "HL_NUM_THREADS=1 " +
                           exe + args;
-  std::vector<double> a, b, reduce, step;
+  // The same step as two processes of half the batch, started at once, that never talk.
+  const std::string half = " bench --mpi-worker --batch-size " + std::to_string(batch_size / 2);
+  const std::vector<std::string> pair = {
+      "env -u OPFORGE_CPU_DEVICES HL_NUM_THREADS=1 taskset -c 0 " + exe + half,
+      "env -u OPFORGE_CPU_DEVICES HL_NUM_THREADS=1 taskset -c 1 " + exe + half};
+  std::vector<double> a, b, c, allreduce, wait, step;
   for (int k = 0; k < rounds; k++) {
     auto f1 = figures_from(one);
     a.push_back(figure(f1, "samples_per_second", one));
     step.push_back(figure(f1, "step_ms", one));
     auto f2 = figures_from(two);
     b.push_back(figure(f2, "samples_per_second", two));
-    reduce.push_back(figure(f2, "allreduce_ms", two));
+    allreduce.push_back(figure(f2, "allreduce_ms", two));
+    wait.push_back(figure(f2, "reduce_ms", two));
+    auto f3 = figures_from(pair);
+    c.push_back(2 * std::min(figure(f3[0], "samples_per_second", pair[0]),
+                             figure(f3[1], "samples_per_second", pair[1])));
   }
   r.ran = true;
   r.one_process = median(a);
   r.two_ranks = median(b);
   r.efficiency = r.two_ranks / (2 * r.one_process);
-  r.allreduce_ms = median(reduce);
+  r.without_communication = median(c);
+  r.efficiency_without_communication = r.without_communication / (2 * r.one_process);
+  r.allreduce_ms = median(allreduce);
+  r.reduce_ms = median(wait);
   r.step_ms = median(step);
   return r;
 #endif

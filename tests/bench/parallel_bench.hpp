@@ -42,12 +42,18 @@ struct MpiScaling {
   std::string why_not;                    // when it did not run: no MPI in this build, no mpirun
   double one_process = 0, two_ranks = 0;  // samples/s, medians
   double efficiency = 0;
+  // Two processes on a core each, half the batch each, no MPI and no communication, run at once:
+  // twice the slower one's samples/s (synchronous ranks wait for the slower one), and that
+  // against two one-core processes: what two ranks could reach here if communicating cost nothing.
+  double without_communication = 0, efficiency_without_communication = 0;
   double allreduce_ms = 0;  // median
+  double reduce_ms = 0;     // median: a step's wait for the gradients' sums after its backward pass
   double step_ms = 0;       // of one process on one core
 };
 MpiScaling run_mpi_scaling(const std::string& exe, int rounds, int64_t batch_size);
 // The worker: opforge train's step timed as this rank (or alone), printed as
-// "samples_per_second X", "step_ms X" and, between ranks, "allreduce_ms X" by rank 0.
+// "samples_per_second X", "step_ms X", each phase's "..._ms X" and, between ranks, "allreduce_ms X"
+// by rank 0.
 int run_mpi_worker(int64_t batch_size);
 
 }  // namespace opforge::cli
