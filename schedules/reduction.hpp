@@ -1,6 +1,8 @@
 // The hand schedules (CPU and GPU) of reductions: rows, columns, normalising ops, per-channel
 // statistics.
 #pragma once
+#include <algorithm>
+
 #include "schedules/common.hpp"
 
 namespace opforge::schedules {
@@ -22,26 +24,75 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
 // A per_channel op's out(k) (normalisation's per-channel sums), or a channel_normalize op's
 // per-channel outputs: the channels in parallel, each channel's reductions over (i, o) computed at
 // it, in vector lanes along i where i is contiguous and a vector long (NCHW: a channel's H x W
-// plane), else one element at a time. Reductions that do not depend on the channel (layer_norm's
-// row statistics) are computed once, before.
+// plane). Where instead each row o holds the channels side by side (i of extent 1, k contiguous:
+// layer_norm's view (1, D, rows), batch_norm over (N, C)), a channel's values lie a row apart, so
+// the sums run as PyTorch's CPU kernels do: chunks of rows in parallel, each adding its rows into
+// a partial sum per channel with vectors along the channels, and a channel's result the sum of its
+// chunks' partials. Reductions that do not depend on the channel (layer_norm's row statistics)
+// and the functions the definition names (RedArgs::stage) are computed once, before, their sums
+// in vector lanes along contiguous rows.
 inline void manual_per_channel(gen::Pipeline& p, Func channels, const Halide::Target& t) {
   int v = vector_lanes(t, p.in_dtype);
-  Var k = channels.args()[0];
-  channels.parallel(k);
-  Expr unit = Halide::Internal::const_true();
+  Var k = channels.args()[0], kt("kt");
+  const Halide::ImageParam& in = p.inputs[0];
+  // Channels in tasks of 2^15 elements or more: in the layout of rows below a channel's own work
+  // is only the sum of its chunks' partials.
+  channels
+      .split(k, kt, k, iterations_per_task(in.dim(0).extent() * in.dim(2).extent()),
+             TailStrategy::GuardWithIf)
+      .parallel(kt);
+  Expr unit = Halide::Internal::const_true(), rows = Halide::Internal::const_true();
   for (const Halide::ImageParam& in : p.inputs)
-    if (in.dimensions() == 3) unit = unit && in.dim(0).stride() == 1 && in.dim(0).extent() >= v;
+    if (in.dimensions() == 3) {
+      unit = unit && in.dim(0).stride() == 1 && in.dim(0).extent() >= v;
+      rows = rows && in.dim(0).extent() == 1 && in.dim(1).stride() == 1;
+    }
+  rows = rows && in.dim(1).extent() >= v;
+  // Chunks of rows: a few tasks per core, none shorter than 8 rows.
+  Expr chunk = Halide::max((in.dim(2).extent() + 15) / 16, 8);
+  for (Func& f : p.stages) {
+    f.compute_root();
+    if (!f.args().empty()) f.vectorize(f.args().back(), v, TailStrategy::GuardWithIf);
+  }
   for (Func& f : p.reductions) {
     bool per_channel = false;
     for (const Var& a : f.args()) per_channel = per_channel || a.name() == k.name();
     if (!per_channel) {
       f.compute_root();
-      if (!f.args().empty()) f.update(0).parallel(f.args().back());
+      if (f.args().empty()) continue;
+      Var row = f.args().back(), rt("rt");
+      f.update(0)
+          .split(row, rt, row, iterations_per_task(in.dim(1).extent()), TailStrategy::GuardWithIf)
+          .parallel(rt);
+      in_vector_lanes(f.update(0).specialize(rows), f.rvars(0)[0], 4 * v,
+                      Halide::LoopLevel(f, row));
       continue;
     }
     f.compute_at(channels, k);
     in_vector_lanes(f.update(0).specialize(unit), f.rvars(0)[0], 4 * v,
                     Halide::LoopLevel(channels, k));
+    // A sum that reads another channel's result (batch_norm's variance, its mean) needs that
+    // result before its chunks, which would move the channels' sums out of their loop for every
+    // layout: it keeps the one above.
+    auto calls = Halide::Internal::find_transitive_calls(f.function());
+    auto per_channel_other = [&](const Func& g) {
+      const std::vector<Var> args = g.args();
+      return g.name() != f.name() && calls.count(g.name()) &&
+             std::any_of(args.begin(), args.end(),
+                         [&](const Var& a) { return a.name() == k.name(); });
+    };
+    if (std::any_of(p.reductions.begin(), p.reductions.end(), per_channel_other)) continue;
+    Halide::RVar across_i = f.rvars(0)[0], across_o = f.rvars(0)[1], oc("oc"), oi("oi");
+    Var c("c");
+    Func parts = f.update(0)
+                     .specialize(rows)
+                     .split(across_o, oc, oi, chunk, TailStrategy::GuardWithIf)
+                     .rfactor(oc, c);
+    parts.compute_at(channels, Var::outermost()).vectorize(k, v, TailStrategy::GuardWithIf);
+    parts.update(0)
+        .reorder(k, across_i, oi, c)
+        .vectorize(k, v, TailStrategy::GuardWithIf)
+        .parallel(c);
   }
 }
 

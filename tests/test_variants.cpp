@@ -475,7 +475,8 @@ void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const int64_t* m = mins_of(v);
   ASSERT_LE(m[0], 1) << what(g, v) << ": layer_norm cannot be called with an inner extent above 1";
-  int64_t reduced = at_least(m[1], 17), outer = at_least(m[2], 5);
+  // 19 rows: the per-channel sums' chunks of 8 rows, two whole and a tail.
+  int64_t reduced = at_least(m[1], 17), outer = at_least(m[2], 19);
   const double eps = 1e-5;
   for (Layout l : {Layout::dense, Layout::views}) {
     SCOPED_TRACE(layout_name(l));
@@ -541,15 +542,16 @@ void check_layer_norm(const KernelGroup& g, const VariantInfo& v) {
 // other dims, xhat = (x - mean) rstd, y = xhat w + b; dx = w rstd (g - sum(g) / n -
 // xhat sum(g xhat) / n) in training, w rstd g in evaluation; dw = sum(g xhat), db = sum(g).
 // An (N, C, H, W) input whose planes take a whole number of vector lanes and a tail, and an
-// (N, C) one (one value per channel and image).
+// (N, C) one (one value per channel and image) whose channels take at least a vector and a tail
+// and whose 19 rows make chunks of 8, two whole and a tail.
 void check_batch_norm(const KernelGroup& g, const VariantInfo& v) {
   DType dt = g.in_dtype;
   const double eps = 1e-5, momentum = 0.1;
   // The minimum extents: (inner, channels, batch) for all four kernels.
   const int64_t* m = mins_of(v);
-  const int64_t C = at_least(m[1], 7), W = at_least((m[0] + 4) / 5, 7);
+  const int64_t C = at_least(m[1], 19), W = at_least((m[0] + 4) / 5, 7);
   std::vector<Shape> shapes = {{at_least(m[2], 5), C, 5, W}};
-  if (m[0] <= 1) shapes.push_back({at_least(m[2], 9), C});
+  if (m[0] <= 1) shapes.push_back({at_least(m[2], 19), C});
   for (const Shape& shape : shapes)
     for (bool training : {true, false}) {
       // Training runs batch_norm_train (the batch's statistics and the result in one kernel),

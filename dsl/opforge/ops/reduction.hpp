@@ -213,7 +213,7 @@ inline const auto reduction_ops = hana::make_tuple(
           Halide::Var row("row");
           Expr n = Halide::cast(acc, a.n), at_r = Halide::cast(acc, a.in(0, a.r, row));
           Expr mu = detail::acc_sum(at_r) / n;
-          Halide::Func stats("row_stats");
+          Halide::Func stats = a.stage("row_stats");
           stats(row) =
               Halide::Tuple(mu, 1 / Halide::sqrt(detail::acc_sum((at_r - mu) * (at_r - mu)) / n +
                                                  Halide::cast(acc, a.attr["eps"])));
