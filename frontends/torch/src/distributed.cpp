@@ -171,9 +171,7 @@ void start(Bucket& b, const std::vector<Tensor>& like, Value value) {
   const size_t count = b.data.size() / b.element;
   OPFORGE_CHECK(count <= size_t(std::numeric_limits<int>::max()))
       << "distributed: a bucket of " << count << " elements, more than MPI's int count allows";
-  int ranks = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  nbc_allreduce.before(count, ranks);
+  nbc_allreduce.before(count, world_size());
   check(MPI_Iallreduce(MPI_IN_PLACE, b.data.data(), int(count), b.type, MPI_SUM, MPI_COMM_WORLD,
                        &b.request),
         "MPI_Iallreduce");
