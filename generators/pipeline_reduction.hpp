@@ -61,11 +61,14 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
           std::none_of(p.reductions.begin(), p.reductions.end(),
                        [&](const Func& r) { return r.name() == name; }))
         p.reductions.emplace_back(f);
-  p.set_estimates = [p, normalize, per_channel, channel_normalize](int64_t size) mutable {
+  const bool row_view = op.row_view;
+  p.set_estimates = [p, normalize, per_channel, channel_normalize, row_view](int64_t size) mutable {
     // A per_channel op's autoscheduled variants need at least these extents: any plane
-    // (layer_norm's view has none), and a quarter of the size in channels and batch (a CNN's 32
-    // channels).
-    std::vector<int64_t> ext = per_channel || channel_normalize
+    // (layer_norm_backward_reduce's view has none), and a quarter of the size in channels and
+    // batch (a CNN's 32 channels); a row_normalize op's, a quarter of the size in the rows and
+    // their elements, whose view has no batch.
+    std::vector<int64_t> ext = row_view ? std::vector<int64_t>{size / 4, size / 4, 1}
+                               : per_channel || channel_normalize
                                    ? std::vector<int64_t>{1, size / 4, size / 4}
                                    : std::vector<int64_t>{1, size, size};
     p.inputs[0].set_estimates(detail::ranges(ext));

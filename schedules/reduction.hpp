@@ -24,13 +24,13 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
 // A per_channel op's out(k) (normalisation's per-channel sums), or a channel_normalize op's
 // per-channel outputs: the channels in parallel, each channel's reductions over (i, o) computed at
 // it, in vector lanes along i where i is contiguous and a vector long (NCHW: a channel's H x W
-// plane). Where instead each row o holds the channels side by side (i of extent 1, k contiguous:
+// plane; a row_normalize op's row: layer_norm's). Where instead each row o holds the channels side by side (i of extent 1, k contiguous:
 // layer_norm's view (1, D, rows), batch_norm over (N, C)), a channel's values lie a row apart, so
 // the sums run as PyTorch's CPU kernels do: chunks of rows in parallel, each adding its rows into
 // a partial sum per channel with vectors along the channels, and a channel's result the sum of its
-// chunks' partials. Reductions that do not depend on the channel (layer_norm's row statistics)
-// and the functions the definition names (RedArgs::stage) are computed once, before, their sums
-// in vector lanes along contiguous rows.
+// chunks' partials. Reductions that do not depend on the channel (statistics per row that a
+// definition reduces itself) and the functions the definition names (RedArgs::stage) are computed
+// once, before, their sums in vector lanes along contiguous rows.
 inline void manual_per_channel(gen::Pipeline& p, Func channels, const Halide::Target& t) {
   int v = vector_lanes(t, p.in_dtype);
   Var k = channels.args()[0], kt("kt");
@@ -218,8 +218,8 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
 // per channel, whose threads each reduce a strided part of the channel's (i, o) values (adjacent
 // threads read adjacent elements), then one thread combines their partial results; a thread per
 // channel left all but 32 of a GPU's threads idle for a CNN layer's statistics. Reductions that do
-// not depend on the channel (layer_norm_backward_reduce's row statistics) are kernels of their
-// own before it, a thread per row: inside the channels' blocks every channel would reduce every
+// not depend on the channel (statistics per row that a definition reduces itself) are kernels of
+// their own before it, a thread per row: inside the channels' blocks every channel would reduce every
 // row again (rows x D^2 work).
 inline void gpu_channels(gen::Pipeline& p, Func channels, int threads) {
   Var k = channels.args()[0];

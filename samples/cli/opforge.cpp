@@ -437,11 +437,13 @@ int run_scheduler_bench(bool json, int repeats, char** argv) {
 
 // Training speed against PyTorch's, and where each step's time goes.
 // `opforge bench --distributed`: the load-driven batch split against the static one.
-int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) {
+int run_parallel_bench(bool json, int repeats, int64_t batch_size, const std::string& model,
+                       char** argv) {
   ensure_two_logical_cpus("bench --distributed", argv);
   ParallelBenchOptions o;
   o.repeats = repeats;
   o.batch_size = batch_size;
+  o.model = model;
   if (isatty(STDERR_FILENO)) std::cerr << "running the data-parallel benchmark...\n";
   ParallelBenchResult r = run_parallel_bench(o);
   const MpiScaling m = run_mpi_scaling(std::filesystem::read_symlink("/proc/self/exe").string(),
@@ -501,7 +503,7 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, char** argv) 
     std::cout << "\nMPI scaling: not measured (" << m.why_not << ")\n";
     return 0;
   }
-  std::cout << "\ntrain_" << o.model << ", batch " << o.batch_size
+  std::cout << "\ntrain_mlp, batch " << o.batch_size
             << " in all: one process on one core against two MPI ranks of one core each\n\n";
   Table s({"run", "samples/s", "efficiency"}, {false, true, true});
   s.add({"1 process, 1 core", fixed(m.one_process, 0), "-"});
@@ -619,6 +621,7 @@ int run(int argc, char** argv) {
        mpi_worker_flag = false;
   std::string peer_python;
   int64_t bench_batch = 128;
+  std::string bench_model = ParallelBenchOptions{}.model;
   bench->add_flag("--scheduler", scheduler_flag,
                   "Compare device placement policies on two logical CPU devices, one of them "
                   "loaded by another process");
@@ -635,6 +638,12 @@ int run(int argc, char** argv) {
   bench->add_option(
       "--python", peer_python,
       "Python of the PyTorch peer (default: .venv/bin/python, else /usr/bin/python3)");
+  bench
+      ->add_option("--model", bench_model,
+                   "Model of --distributed's data-parallel part (mlp or cnn; its MPI part "
+                   "always trains mlp)")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->capture_default_str();
   bench->add_option("--batch-size", bench_batch, "Batch size of --train")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -764,7 +773,7 @@ int run(int argc, char** argv) {
     if (*bench && distributed_flag)
       return run_parallel_bench(
           bench_json_flag, bench->count("--repeats") ? repeats : ParallelBenchOptions{}.repeats,
-          bench_batch, argv);
+          bench_batch, bench_model, argv);
     if (*bench && train_flag)
       return run_train_bench(bench_json_flag, filter,
                              bench->count("--repeats") ? repeats : TrainBenchOptions{}.repeats,

@@ -224,8 +224,8 @@ struct RedArgs {
   Expr x_across() const { return in(across.x, k, across.y); }
   Expr like_across(size_t j) const { return like[j](across.x, k, across.y); }
   // A function the definition names so that schedules can place it (compute it once, ahead of the
-  // output) rather than have Halide inline it at every use: layer_norm_backward_reduce's per-row
-  // mean and rstd, which its per-channel sums read at every (row, channel).
+  // output) rather than have Halide inline it at every use: a per-row statistic that a per_channel
+  // op's sums read at every (row, channel).
   Func stage(const std::string& name) const {
     staged->emplace_back(name);
     return staged->back();
@@ -251,6 +251,7 @@ struct ReductionOp {
   int extra_inputs = 0;
   int like_inputs = 0;
   ChannelFn channel_fn = {};  // channel_normalize: returns the Tuple at (k)
+  bool row_view = false;      // row_normalize: k the rows, i their elements (estimates follow)
 };
 
 template <class Dtypes, class Fn>
@@ -295,6 +296,19 @@ constexpr auto channel_normalize(const char* name, Dtypes d, int like_inputs, Ch
   return ReductionOp<Dtypes, Fn, ChannelFn>{
       name,   ReductionKind::channel_normalize, d, attrs, same, fn, extra_inputs, like_inputs,
       channel};
+}
+
+// A channel_normalize op on the view in(i, k, o) = (D, rows, 1) of a (rows, D) tensor: each
+// "channel" k is a row, whose results (a Tuple, reduced over `across`, that is over its D elements
+// i) are outputs of shape (rows) that the backward pass can save, as PyTorch's layer_norm saves
+// each row's mean and rstd. Extra inputs are 1-D and may be indexed by i (a weight over the row's
+// elements) or by k (a row's saved statistics).
+template <class Dtypes, class ChannelFn, class Fn>
+constexpr auto row_normalize(const char* name, Dtypes d, int like_inputs, ChannelFn channel, Fn fn,
+                             const char* attrs = "", int extra_inputs = 0) {
+  auto op = channel_normalize(name, d, like_inputs, channel, fn, attrs, extra_inputs);
+  op.row_view = true;
+  return op;
 }
 
 // ---- contraction: batched (B, M, K) x (B, K, N); Halide order a(k, m, batch), b(n, k, batch) ----

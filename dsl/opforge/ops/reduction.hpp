@@ -41,12 +41,6 @@ inline Expr softmax_at(const RedArgs& a, const Expr& kk) {
   Expr m = finite_max(a);
   return Halide::exp(a.x(kk) - m) * (Halide::cast(a.type, 1) / sum_exp_shifted(a, m));
 }
-// layer_norm's sqrt(var + eps) over the row, about its mean mu, in the accumulator's type.
-inline Expr norm_std(const RedArgs& a, const Expr& mu) {
-  Halide::Type acc = acc_type(a.type);
-  Expr d = Halide::cast(acc, a.x(a.r)) - mu;
-  return Halide::sqrt(acc_sum(d * d) / Halide::cast(acc, a.n) + Halide::cast(acc, a.attr["eps"]));
-}
 inline Expr nan_aware(const RedArgs& a, const Expr& v) {
   return a.type.is_float() ? select(any_nan(a), Halide::cast(a.type, NAN), v) : v;
 }
@@ -174,55 +168,58 @@ inline const auto reduction_ops = hana::make_tuple(
                                   (Halide::cast(acc, a.n) - Halide::cast(acc, a.attr["ddof"])));
         },
         "ddof"),
-    // extra inputs: weight(k), bias(k); attribute: eps
-    normalize(
-        "layer_norm", floats,
+    // Layer normalisation on the view (D, rows, 1) of x (rows, D), D the normalised dims: each
+    // row's mean and rstd = 1 / sqrt(var + eps) (outputs of shape (rows), saved for the backward
+    // pass as PyTorch saves them) and the normalised tensor from them. Extra inputs weight(i),
+    // bias(i) over the row's elements; attribute eps.
+    row_normalize(
+        "layer_norm", floats, 0,
         [](const RedArgs& a) {
           Halide::Type acc = detail::acc_type(a.type);
-          Expr mu = detail::mean(a);
-          Expr normed = (Halide::cast(acc, a.x(a.k)) - mu) / detail::norm_std(a, mu);
-          return Halide::cast(a.type, normed) * a.extra[0](a.k) + a.extra[1](a.k);
+          Expr n = Halide::cast(acc, a.count);
+          Expr mu = detail::acc_sum(a.x_across()) / n;
+          Expr d = Halide::cast(acc, a.x_across()) - mu;
+          return Halide::Tuple(
+              mu, 1 / Halide::sqrt(detail::acc_sum(d * d) / n + Halide::cast(acc, a.attr["eps"])));
+        },
+        [](const RedArgs& a) {
+          Expr mean = a.channel(a.k)[0], rstd = a.channel(a.k)[1];
+          return (a.x(a.k) - mean) * rstd * a.extra[0](a.i) + a.extra[1](a.i);
         },
         "eps", 2),
-    // Its gradient for the input, from x (in), the result's gradient g (like[0]) and the weight
-    // (extra[0]): with xhat = (x - mean) rstd and gw = g weight,
-    // rstd (gw - mean(gw) - xhat mean(gw xhat)), every mean in the accumulator's type.
-    normalize_like(
+    // Its gradient for the input, from x, the result's gradient g (like[0]) and the forward's
+    // saved mean(k), rstd(k) and the weight(i) (extra): with xhat = (x - mean) rstd and
+    // gw = g weight, rstd (gw - mean(gw) - xhat mean(gw xhat)). The row sums of gw xhat and gw
+    // (in the accumulator's type) are its per-row outputs.
+    row_normalize(
         "layer_norm_backward", floats, 1,
         [](const RedArgs& a) {
           Halide::Type acc = detail::acc_type(a.type);
-          Expr n = Halide::cast(acc, a.n);
-          Expr mu = detail::mean(a);
-          Expr rstd = 1 / detail::norm_std(a, mu);
-          auto gw = [&](const Expr& kk) {
-            return Halide::cast(acc, a.like_at(0, kk) * a.extra[0](kk));
-          };
-          auto xhat = [&](const Expr& kk) { return (Halide::cast(acc, a.x(kk)) - mu) * rstd; };
-          Expr mean_gw = detail::acc_sum(gw(a.r)) / n;
-          Expr mean_gwx = detail::acc_sum(gw(a.r) * xhat(a.r)) / n;
-          return Halide::cast(a.type, rstd * (gw(a.k) - mean_gw - xhat(a.k) * mean_gwx));
+          Expr gw = a.like_across(0) * a.extra[2](a.across.x);
+          Expr xhat = (a.x_across() - a.extra[0](a.k)) * a.extra[1](a.k);
+          return Halide::Tuple(detail::acc_sum(Halide::cast(acc, gw * xhat)),
+                               detail::acc_sum(Halide::cast(acc, gw)));
         },
-        "eps", 1),
-    // Its weight's and bias's gradients, from x and g (like[0]) on layer_norm's view (1, D, rows):
-    // per k of the normalised dims D, the sums over the rows of g xhat (the weight's) and of g (the
-    // bias's); each row's mean and rstd are reduced over k once, before.
+        [](const RedArgs& a) {
+          Expr n = Halide::cast(a.type, a.count), rstd = a.extra[1](a.k);
+          Expr xhat = (a.x(a.k) - a.extra[0](a.k)) * rstd;
+          Expr gw = a.like_at(0, a.k) * a.extra[2](a.i);
+          return rstd * (gw - a.channel(a.k)[1] / n - xhat * (a.channel(a.k)[0] / n));
+        },
+        "", 3),
+    // Its weight's and bias's gradients, from x and g (like[0]) on layer_norm's view (1, D, rows)
+    // and the rows' saved mean and rstd (extra, indexed by the row): per k of the normalised dims
+    // D, the sums over the rows of g xhat (the weight's) and of g (the bias's).
     per_channel(
         "layer_norm_backward_reduce", floats, 1,
         [](const RedArgs& a) {
           Halide::Type acc = detail::acc_type(a.type);
-          Halide::Var row("row");
-          Expr n = Halide::cast(acc, a.n), at_r = Halide::cast(acc, a.in(0, a.r, row));
-          Expr mu = detail::acc_sum(at_r) / n;
-          Halide::Func stats = a.stage("row_stats");
-          stats(row) =
-              Halide::Tuple(mu, 1 / Halide::sqrt(detail::acc_sum((at_r - mu) * (at_r - mu)) / n +
-                                                 Halide::cast(acc, a.attr["eps"])));
-          Expr g = Halide::cast(acc, a.like_across(0));
-          Expr xhat =
-              (Halide::cast(acc, a.x_across()) - stats(a.across.y)[0]) * stats(a.across.y)[1];
-          return Halide::Tuple(detail::acc_sum(g * xhat), detail::acc_sum(g));
+          Expr row = a.across.y, g = a.like_across(0);
+          Expr xhat = (a.x_across() - a.extra[0](row)) * a.extra[1](row);
+          return Halide::Tuple(detail::acc_sum(Halide::cast(acc, g * xhat)),
+                               detail::acc_sum(Halide::cast(acc, g)));
         },
-        "eps"),
+        "", 2),
     // Batch normalisation on the view in(i, k, o) with k the channels (NCHW: i = H x W, o = N);
     // each channel's statistics are over i and o. In training, one kernel: the batch's mean and
     // biased variance per channel (outputs of shape (k)) and the normalised tensor from them.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
@@ -184,7 +185,9 @@ std::vector<Tensor> detail::run_per_channel(const OpInfo& op, const Tensor& x,
         << ", expected the first input's " << shape_str(x.shape());
     args.input(dense_view(t.to(g.in_dtype).contiguous(), {inner, channels, outer}));
   }
-  for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {channels}));
+  // Each extra input whole: its length is the caller's to check against what the op's definition
+  // indexes it by (the channels, or a row's elements or the rows on layer_norm's views).
+  for (const Tensor& t : extra) args.input(dense_view(t.to(g.in_dtype).contiguous(), {t.numel()}));
   args.attrs(op, attrs);
   if (normalizes) args.output(dense_view(out[0], {inner, channels, outer}));
   for (size_t j = first_channel; j < out.size(); j++) args.output(dense_view(out[j], {channels}));
@@ -353,28 +356,36 @@ Tensor cross_entropy(const Tensor& x, const Tensor& p) {
 }
 
 namespace {
-// The gradients of layer_norm at x over `axes`, given g (the result's gradient): with
-// xhat = (x - mean) * rstd and gw = g * weight,
+// layer_norm's kernels see x (rows, D), D the product of the normalised dims, as the row view
+// (1, rows, D) (run_per_channel's (N, C, ...) with each row a channel) or as (rows, D).
+struct RowsOfD {
+  int64_t rows = 1, D = 1;
+  RowsOfD(const Shape& x, size_t normalized_dims) {
+    for (size_t i = 0; i < x.size(); i++) (i + normalized_dims < x.size() ? rows : D) *= x[i];
+  }
+};
+
+// The gradients of layer_norm at x, given g (the result's gradient) and the forward's saved mean
+// and rstd per row: with xhat = (x - mean) * rstd and gw = g * weight,
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), dweight = sum(g * xhat), dbias = sum(g).
-// dx is one generated kernel (layer_norm_backward), the weight's and bias's another
-// (layer_norm_backward_reduce: sums over the rows).
-std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Shape& normalized,
-                                     const std::optional<Shape>& bias_shape, const Tensor& g,
-                                     const std::vector<int>& axes, double eps) {
-  DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
-  Tensor dx = run_reduction(OPFORGE_OP("layer_norm_backward"), x, axes, true, {eps},
-                            {w.defined() ? w : Tensor::ones(normalized, d)}, {g});
-  Tensor dw, db;
-  if (w.defined() || bias_shape) {
-    // The normalised dims as one axis D of (rows, D): one kernel's sums over the rows.
-    int64_t D = 1;
-    for (int64_t s : normalized) D *= s;
-    Shape rows_d = {D == 0 ? 0 : x.numel() / D, D};
-    // An integer x was normalised in float32 (d), as the forward did.
+// dx is one generated kernel (layer_norm_backward, row sums and result), the weight's and bias's
+// another (layer_norm_backward_reduce: sums over the rows).
+std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& rstd, const Shape& normalized, bool need_x,
+                                     bool need_w, const std::optional<Shape>& bias_shape,
+                                     const Tensor& g) {
+  const DType d = mean.dtype();  // the forward's: an integer x was normalised in float32
+  const RowsOfD v(x.shape(), normalized.size());
+  Tensor dx, dw, db;
+  if (need_x)
+    dx = run_per_channel(OPFORGE_OP("layer_norm_backward"), x.to(d).reshape({1, v.rows, v.D}),
+                         {g.to(d).reshape({1, v.rows, v.D})}, {mean, rstd, w.reshape({v.D})}, {})[0]
+             .reshape(x.shape());
+  if (need_w || bias_shape) {
     std::vector<Tensor> sums =
-        run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.to(d).reshape(rows_d),
-                        {g.to(d).reshape(rows_d)}, {}, {eps});
-    dw = w.defined() ? sums[0].reshape(normalized) : Tensor();
+        run_per_channel(OPFORGE_OP("layer_norm_backward_reduce"), x.to(d).reshape({v.rows, v.D}),
+                        {g.to(d).reshape({v.rows, v.D})}, {mean, rstd}, {});
+    dw = need_w ? sums[0].reshape(normalized) : Tensor();
     db = bias_shape ? sums[1].reshape(*bias_shape) : Tensor();
   }
   return {dx, dw, db};
@@ -384,40 +395,44 @@ std::vector<Tensor> layer_norm_grads(const Tensor& x, const Tensor& w, const Sha
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
   OPFORGE_CHECK(x.defined()) << "layer_norm: input is undefined";
-  if (autograd::wants_grad({x, weight, bias}))
-    return autograd::differentiable(
-        "layer_norm", {x, weight, bias},
-        [&] { return layer_norm(x, normalized_shape, weight, bias, eps); },
-        [&](const Tensor&) {
-          std::vector<int> axes;
-          for (int i = x.dim() - int(normalized_shape.size()); i < x.dim(); i++) axes.push_back(i);
-          std::optional<Shape> bias_shape;
-          if (bias.defined()) bias_shape = bias.shape();
-          return [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(weight), bias_shape,
-                  normalized_shape, axes, eps](const std::vector<Tensor>& g) {
-            return layer_norm_grads(sx.unpack("layer_norm"), sw.unpack("layer_norm"),
-                                    normalized_shape, bias_shape, g[0], axes, eps);
-          };
-        });
   int k = int(normalized_shape.size());
   OPFORGE_CHECK(k >= 1 && k <= x.dim())
       << "layer_norm: normalized_shape " << shape_str(normalized_shape) << " must name 1 to "
       << x.dim() << " trailing dims of " << shape_str(x.shape());
   for (int i = 0; i < k; i++)
-    OPFORGE_CHECK(x.shape()[x.dim() - k + i] == normalized_shape[i])
+    OPFORGE_CHECK(x.shape()[size_t(x.dim() - k + i)] == normalized_shape[size_t(i)])
         << "layer_norm: normalized_shape " << shape_str(normalized_shape)
         << " does not match the trailing dims of " << shape_str(x.shape());
   for (const Tensor* t : {&weight, &bias})
     OPFORGE_CHECK(!t->defined() || t->shape() == normalized_shape)
         << "layer_norm: " << (t == &weight ? "weight" : "bias") << " has shape "
         << shape_str(t->shape()) << ", expected " << shape_str(normalized_shape);
-  DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
-  Tensor w = weight.defined() ? weight : Tensor::ones(normalized_shape, d);
-  Tensor b = bias.defined() ? bias : Tensor::zeros(normalized_shape, d);
-  std::vector<int> axes;
-  for (int i = x.dim() - k; i < x.dim(); i++) axes.push_back(i);
-  static const OpInfo& op = op_info("layer_norm");
-  return run_reduction(op, x, axes, true, {eps}, {w, b});
+  const DType d = is_floating(x.dtype()) ? x.dtype() : DType::Float32;
+  const RowsOfD v(x.shape(), normalized_shape.size());
+  Tensor w = weight.defined() ? weight.detach().to(d) : Tensor::ones(normalized_shape, d);
+  Tensor b = bias.defined() ? bias.detach().to(d) : Tensor::zeros(normalized_shape, d);
+  Tensor mean, rstd;
+  auto forward = [&] {
+    std::vector<Tensor> r =
+        run_per_channel(OPFORGE_OP("layer_norm"), x.detach().to(d).reshape({1, v.rows, v.D}), {},
+                        {w.reshape({v.D}), b.reshape({v.D})}, {eps});
+    mean = r[1];
+    rstd = r[2];
+    return r[0].reshape(x.shape());
+  };
+  std::optional<Shape> bias_shape;
+  if (bias.defined() && bias.requires_grad()) bias_shape = bias.shape();
+  return autograd::differentiable("layer_norm", {x, weight, bias}, forward, [&](const Tensor&) {
+    return
+        [sx = autograd::SavedTensor(x), sw = autograd::SavedTensor(w),
+         smean = autograd::SavedTensor(mean), srstd = autograd::SavedTensor(rstd), normalized_shape,
+         need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+         bias_shape](const std::vector<Tensor>& g) {
+          return layer_norm_grads(sx.unpack("layer_norm"), sw.unpack("layer_norm"),
+                                  smean.unpack("layer_norm"), srstd.unpack("layer_norm"),
+                                  normalized_shape, need_x, need_w, bias_shape, g[0]);
+        };
+  });
 }
 
 }  // namespace opforge
