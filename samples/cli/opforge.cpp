@@ -435,17 +435,25 @@ int run_scheduler_bench(bool json, int repeats, char** argv) {
   return 0;
 }
 
-// Training speed against PyTorch's, and where each step's time goes.
-// `opforge bench --distributed`: the load-driven batch split against the static one.
+// `opforge bench --distributed`: the load-driven batch split against the static one, for each
+// model (or the one named), then MPI's scaling on the MLP.
 int run_parallel_bench(bool json, int repeats, int64_t batch_size, const std::string& model,
                        char** argv) {
   ensure_two_logical_cpus("bench --distributed", argv);
-  ParallelBenchOptions o;
-  o.repeats = repeats;
-  o.batch_size = batch_size;
-  o.model = model;
-  if (isatty(STDERR_FILENO)) std::cerr << "running the data-parallel benchmark...\n";
-  ParallelBenchResult r = run_parallel_bench(o);
+  std::vector<ParallelBenchOptions> runs;
+  for (const char* name : {"mlp", "cnn"})
+    if (model.empty() || model == name) {
+      runs.emplace_back();
+      runs.back().repeats = repeats;
+      runs.back().batch_size = batch_size;
+      runs.back().model = name;
+    }
+  std::vector<ParallelBenchResult> results;
+  for (const ParallelBenchOptions& o : runs) {
+    if (isatty(STDERR_FILENO))
+      std::cerr << "running the data-parallel benchmark (" << o.model << ")...\n";
+    results.push_back(run_parallel_bench(o));
+  }
   const MpiScaling m = run_mpi_scaling(std::filesystem::read_symlink("/proc/self/exe").string(),
                                        repeats, batch_size);
   auto run = [](const SplitRun& s) {
@@ -458,14 +466,19 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, const std::st
                  {{"passes", s.passes_ms}, {"optimizer", s.optimizer_ms}, {"data", s.data_ms}}}};
   };
   if (json) {
-    std::cout << Json{{"model", o.model},
-                      {"batch_size", o.batch_size},
-                      {"loaded_device", "cpu:" + std::to_string(o.loaded_device)},
-                      {"measured_split", run(r.measured)},
-                      {"fixed_split", run(r.fixed)},
-                      {"ratio", r.ratio},
+    Json parallel = Json::array();
+    for (size_t i = 0; i < runs.size(); i++)
+      parallel.push_back({{"model", runs[i].model},
+                          {"batch_size", runs[i].batch_size},
+                          {"loaded_device", "cpu:" + std::to_string(runs[i].loaded_device)},
+                          {"measured_split", run(results[i].measured)},
+                          {"fixed_split", run(results[i].fixed)},
+                          {"ratio", results[i].ratio}});
+    std::cout << Json{{"data_parallel", parallel},
                       {"mpi_scaling", m.ran
-                                          ? Json{{"one_process_one_core", m.one_process},
+                                          ? Json{{"model", "mlp"},
+                                                 {"batch_size", batch_size},
+                                                 {"one_process_one_core", m.one_process},
                                                  {"two_ranks_one_core_each", m.two_ranks},
                                                  {"efficiency", m.efficiency},
                                                  {"without_communication", m.without_communication},
@@ -479,31 +492,35 @@ int run_parallel_bench(bool json, int repeats, int64_t batch_size, const std::st
               << '\n';
     return 0;
   }
-  std::cout << "train_" << o.model << " data-parallel on cpu:0 and cpu:1 (one core each), batch "
-            << o.batch_size << ", cpu:" << o.loaded_device
-            << "'s core kept busy by another process\n\n";
-  Table t({"split", "samples/s", "share of cpu:0", "share of cpu:1", "passes ms", "cpu:0 ms",
-           "cpu:1 ms", "optimizer ms", "data ms"},
-          {false, true, true, true, true, true, true, true, true});
-  auto add = [&](const std::string& name, const SplitRun& s) {
-    t.add({name, fixed(s.samples_per_second, 0),
-           s.split.size() > 0 ? fixed(100 * s.split[0].second, 1) + "%" : "-",
-           s.split.size() > 1 ? fixed(100 * s.split[1].second, 1) + "%" : "-", fixed(s.passes_ms),
-           s.share_ms.size() > 0 ? fixed(s.share_ms[0]) : "-",
-           s.share_ms.size() > 1 ? fixed(s.share_ms[1]) : "-", fixed(s.optimizer_ms),
-           fixed(s.data_ms, 3)});
-  };
-  add("measured throughput", r.measured);
-  add("fixed (by cores)", r.fixed);
-  t.print(std::cout);
-  std::cout << "\nmeasured / fixed: " << fixed(r.ratio)
-            << "x (target >= 1.3x, limit 1.5x)\nmedians of " << o.repeats
-            << " alternated rounds of " << o.steps << " steps after " << o.warmup << "\n";
+  for (size_t i = 0; i < runs.size(); i++) {
+    const ParallelBenchOptions& o = runs[i];
+    const ParallelBenchResult& r = results[i];
+    std::cout << (i ? "\n" : "") << "train_" << o.model
+              << " data-parallel on cpu:0 and cpu:1 (one core each), batch " << o.batch_size
+              << ", cpu:" << o.loaded_device << "'s core kept busy by another process\n\n";
+    Table t({"split", "samples/s", "share of cpu:0", "share of cpu:1", "passes ms", "cpu:0 ms",
+             "cpu:1 ms", "optimizer ms", "data ms"},
+            {false, true, true, true, true, true, true, true, true});
+    auto add = [&](const std::string& name, const SplitRun& s) {
+      t.add({name, fixed(s.samples_per_second, 0),
+             s.split.size() > 0 ? fixed(100 * s.split[0].second, 1) + "%" : "-",
+             s.split.size() > 1 ? fixed(100 * s.split[1].second, 1) + "%" : "-", fixed(s.passes_ms),
+             s.share_ms.size() > 0 ? fixed(s.share_ms[0]) : "-",
+             s.share_ms.size() > 1 ? fixed(s.share_ms[1]) : "-", fixed(s.optimizer_ms),
+             fixed(s.data_ms, 3)});
+    };
+    add("measured throughput", r.measured);
+    add("fixed (by cores)", r.fixed);
+    t.print(std::cout);
+    std::cout << "\nmeasured / fixed: " << fixed(r.ratio)
+              << "x (target >= 1.3x, limit 1.5x)\nmedians of " << o.repeats
+              << " alternated rounds of " << o.steps << " steps after " << o.warmup << "\n";
+  }
   if (!m.ran) {
     std::cout << "\nMPI scaling: not measured (" << m.why_not << ")\n";
     return 0;
   }
-  std::cout << "\ntrain_mlp, batch " << o.batch_size
+  std::cout << "\ntrain_mlp, batch " << batch_size
             << " in all: one process on one core against two MPI ranks of one core each\n\n";
   Table s({"run", "samples/s", "efficiency"}, {false, true, true});
   s.add({"1 process, 1 core", fixed(m.one_process, 0), "-"});
@@ -621,7 +638,7 @@ int run(int argc, char** argv) {
        mpi_worker_flag = false;
   std::string peer_python;
   int64_t bench_batch = 128;
-  std::string bench_model = ParallelBenchOptions{}.model;
+  std::string bench_model;
   bench->add_flag("--scheduler", scheduler_flag,
                   "Compare device placement policies on two logical CPU devices, one of them "
                   "loaded by another process");
@@ -640,10 +657,9 @@ int run(int argc, char** argv) {
       "Python of the PyTorch peer (default: .venv/bin/python, else /usr/bin/python3)");
   bench
       ->add_option("--model", bench_model,
-                   "Model of --distributed's data-parallel part (mlp or cnn; its MPI part "
-                   "always trains mlp)")
-      ->check(CLI::IsMember({"mlp", "cnn"}))
-      ->capture_default_str();
+                   "Model of --distributed's data-parallel part, mlp or cnn (default: both; its "
+                   "MPI part trains mlp)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
   bench->add_option("--batch-size", bench_batch, "Batch size of --train")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
