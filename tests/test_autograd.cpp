@@ -178,6 +178,37 @@ TEST(Autograd, Reductions) {
   gradcheck([](const std::vector<Tensor>& in) { return min(in[0]); }, {leaf({}, 39)});
 }
 
+// autograd::function: the caller's own backward, recorded on the result; a backward that gives
+// the wrong number of gradients, or one of the wrong shape, is an Error naming the function.
+TEST(Autograd, CustomFunctionsRecordTheirBackward) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1.5, -2.0, 3.0}).requires_grad_();
+  auto cube = [&](auto backward) {
+    return autograd::function(
+        "cube", {x}, [&] { return mul(mul(x, x), x); }, backward);
+  };
+  Tensor y = cube([xd = x.detach()](const Tensor& g) {
+    return std::vector<Tensor>{mul(mul(mul(xd, xd), 3.0), g)};
+  });
+  EXPECT_TRUE(y.requires_grad());
+  sum(y).backward();
+  const std::vector<double> got = x.grad().to_vector<double>();
+  const std::vector<double> want{6.75, 12.0, 27.0};
+  for (size_t i = 0; i < want.size(); i++) EXPECT_DOUBLE_EQ(got[i], want[i]) << i;
+  Tensor two = cube([](const Tensor& g) { return std::vector<Tensor>{g, g}; });
+  EXPECT_THROW(sum(two).backward(), Error);
+  Tensor shape = cube([](const Tensor& g) { return std::vector<Tensor>{sum(g)}; });
+  try {
+    sum(shape).backward();
+    ADD_FAILURE() << "a gradient of the wrong shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cube"), std::string::npos) << e.what();
+  }
+  {
+    NoGradGuard no_grad;  // nothing recorded: the forward alone
+    EXPECT_FALSE(cube([](const Tensor& g) { return std::vector<Tensor>{g}; }).requires_grad());
+  }
+}
+
 TEST(Autograd, MaxSharesTiesEvenly) {
   Tensor x = Tensor::from_vector<double>({1, 3, 3, 2}, {4}).requires_grad_();
   max(x).backward();

@@ -220,6 +220,87 @@ TEST(Distributed, AllReduceAveragesEveryElementInBuckets) {
   EXPECT_THROW(distributed::all_reduce_mean({Tensor::zeros({2}, DType::Int64)}), Error);
 }
 
+// Every element of got against want (float64 tensors of one shape).
+void expect_all_near(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); i++)
+    ASSERT_NEAR(g[i], w[i], tol * (1 + std::abs(w[i]))) << what << " element " << i;
+}
+
+// SyncBatchNorm on each rank's rows of a batch against BatchNorm2d on the whole batch in one
+// process (every rank makes the whole batch from one seed): the result's rows, the input's
+// gradient's rows, the running statistics, and the weight's and bias's gradients summed over the
+// ranks, all to float64 rounding.
+TEST(Distributed, SyncBatchNormNormalisesOverEveryRanksBatch) {
+  NEEDS_RANKS();
+  const int world = distributed::world_size(), rank = distributed::rank();
+  const int64_t per_rank = 3, C = 4;
+  Generator gen(21);
+  const Tensor x =
+      add(mul(Tensor::randn({per_rank * world, C, 3, 2}, DType::Float64, gen), 2.0), 5.0);
+  const Tensor up = Tensor::randn(x.shape(), DType::Float64, gen);
+  const Tensor w0 = Tensor::randn({C}, DType::Float64, gen),
+               b0 = Tensor::randn({C}, DType::Float64, gen);
+  auto set_affine = [&](nn::BatchNorm2d& bn) {
+    autograd::NoGradGuard no_grad;
+    bn.weight.copy_(w0);
+    bn.bias.copy_(b0);
+  };
+  nn::BatchNorm2d whole(C, 1e-5, 0.1, true, DType::Float64);
+  nn::SyncBatchNorm part(C, 1e-5, 0.1, true, DType::Float64);
+  set_affine(whole);
+  set_affine(part);
+  const Tensor xw = x.detach().requires_grad_();
+  whole(xw).backward(up);
+  const int64_t first = per_rank * rank;
+  const Tensor xp = x.slice(0, first, first + per_rank).contiguous().requires_grad_();
+  const Tensor y = part(xp);
+  y.backward(up.slice(0, first, first + per_rank).contiguous());
+  nn::BatchNorm2d again(C, 1e-5, 0.1, true, DType::Float64);
+  set_affine(again);
+  expect_all_near(y.detach(), again(x).detach().slice(0, first, first + per_rank).contiguous(),
+                  1e-12, "result");
+  expect_all_near(xp.grad(), xw.grad().slice(0, first, first + per_rank).contiguous(), 1e-10,
+                  "input gradient");
+  expect_all_near(part.running_mean, whole.running_mean, 1e-12, "running mean");
+  expect_all_near(part.running_var, whole.running_var, 1e-12, "running variance");
+  Tensor dw = part.weight.grad().contiguous(), db = part.bias.grad().contiguous();
+  distributed::all_reduce_sum({dw, db});
+  expect_all_near(dw, whole.weight.grad(), 1e-10, "weight gradient");
+  expect_all_near(db, whole.bias.grad(), 1e-10, "bias gradient");
+}
+
+// Without mpirun, SyncBatchNorm is batch normalisation over the process's batch, (N, C) inputs
+// too; in evaluation it uses the running statistics.
+TEST(SyncBatchNormAlone, IsBatchNormOverTheProcesssBatch) {
+  if (distributed::launched()) GTEST_SKIP() << "started by mpirun: the ranks' test covers it";
+  Generator gen(5);
+  for (const Shape& shape : {Shape{6, 3, 2, 2}, Shape{7, 3}}) {
+    SCOPED_TRACE(shape_str(shape));
+    const Tensor x = Tensor::randn(shape, DType::Float64, gen);
+    nn::SyncBatchNorm sync(3, 1e-5, 0.1, true, DType::Float64);
+    const Tensor xs = x.detach().requires_grad_();
+    const Tensor y = sync(xs);
+    y.backward(Tensor::ones(shape, DType::Float64));
+    // The reference: the batch's mean and biased variance per channel, in float64 here.
+    std::vector<int> axes{0};
+    for (int d = 2; d < x.dim(); d++) axes.push_back(d);
+    Shape per_channel(shape.size(), 1);
+    per_channel[1] = 3;
+    const Tensor m = mean(x, axes).reshape(per_channel),
+                 v = var(x, axes, false, 0.0).reshape(per_channel);
+    expect_all_near(y.detach(), div(sub(x, m), sqrt(add(v, 1e-5))), 1e-12, "result");
+    // With an upstream gradient of ones, the normalised values' gradient is 0.
+    expect_all_near(xs.grad(), Tensor::zeros(shape, DType::Float64), 1e-10, "input gradient");
+    sync.eval();
+    EXPECT_NO_THROW(sync(x));
+  }
+  nn::SyncBatchNorm wrong(4);
+  EXPECT_THROW(wrong(Tensor::zeros({2, 3})), Error);
+  EXPECT_THROW(wrong(Tensor::zeros({4})), Error);
+}
+
 TEST(Distributed, RanksThatDisagreeAreRefused) {
   NEEDS_RANKS();
   if (distributed::world_size() < 2) GTEST_SKIP() << "needs two ranks";

@@ -42,6 +42,7 @@ int world_size() { missing(); }
 void barrier() { missing(); }
 void broadcast(const std::vector<Tensor>&, int) { missing(); }
 void all_reduce_mean(const std::vector<Tensor>&, size_t) { missing(); }
+void all_reduce_sum(const std::vector<Tensor>&, size_t) { missing(); }
 void check_same(uint64_t, const char*) { missing(); }
 struct GradientReducer::Impl {};
 void abort_job(int) {}
@@ -254,12 +255,16 @@ void broadcast(const std::vector<Tensor>& tensors, int root) {
   }
 }
 
-void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
-  require_started("all_reduce_mean()");
+namespace {
+// Each tensor replaced by its sum or mean over the ranks, in buckets all in flight at once.
+void all_reduce_in_buckets(const std::vector<Tensor>& tensors, size_t bucket_bytes, bool mean,
+                           const char* what) {
+  require_started(what);
+  const double scale = mean ? 1.0 / double(world_size()) : 1.0;
   std::vector<size_t> order;
   for (size_t k = 0; k < tensors.size(); k++)
     if (tensors[k].defined()) {
-      check_host(tensors[k], "all_reduce_mean");
+      check_host(tensors[k], what);
       order.push_back(k);
     }
   std::vector<Bucket> buckets = make_buckets(tensors, order, bucket_bytes, bucket_bytes);
@@ -272,7 +277,16 @@ void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
     for (Bucket& b : buckets) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
     throw;
   }
-  for (Bucket& b : buckets) land(b, tensors, same, 1.0 / double(world_size()));
+  for (Bucket& b : buckets) land(b, tensors, same, scale);
+}
+}  // namespace
+
+void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
+  all_reduce_in_buckets(tensors, bucket_bytes, true, "all_reduce_mean()");
+}
+
+void all_reduce_sum(const std::vector<Tensor>& tensors, size_t bucket_bytes) {
+  all_reduce_in_buckets(tensors, bucket_bytes, false, "all_reduce_sum()");
 }
 
 struct GradientReducer::Impl {

@@ -83,6 +83,16 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
 
+// A differentiable op of the caller's own, as torch.autograd.Function: forward() runs with grad
+// mode off and returns the result; when an input wants a gradient, backward(g) is recorded on the
+// result and later maps the result's gradient g to one gradient per input (undefined where it
+// gives none; each of its input's shape, or backward() raises an Error naming `name`). Tensors
+// backward needs are its own captures: unlike the built-in ops', they are not checked against
+// in-place writes after the forward.
+Tensor function(const std::string& name, const std::vector<Tensor>& inputs,
+                const std::function<Tensor()>& forward,
+                std::function<std::vector<Tensor>(const Tensor& g)> backward);
+
 // Runs hook(grad) after each backward() that adds into this leaf's grad() (PyTorch's
 // register_post_accumulate_grad_hook), on the thread that runs that backward(); autograd::grad()
 // adds nothing and runs none. Returns an id for remove_post_accumulate_grad_hook.

@@ -249,6 +249,20 @@ uint32_t Tensor::version() const {
 
 namespace opforge::autograd {
 
+Tensor function(const std::string& name, const std::vector<Tensor>& inputs,
+                const std::function<Tensor()>& forward,
+                std::function<std::vector<Tensor>(const Tensor& g)> backward) {
+  OPFORGE_CHECK(forward && backward) << name << ": a custom function needs forward and backward";
+  return differentiable(name, std::span<const Tensor>(inputs), forward, [&](const Tensor&) {
+    return [name, n = inputs.size(), backward = std::move(backward)](const std::vector<Tensor>& g) {
+      std::vector<Tensor> grads = backward(g[0]);
+      OPFORGE_CHECK(grads.size() == n) << name << ": backward returned " << grads.size()
+                                       << " gradient(s) for " << n << " input(s)";
+      return grads;
+    };
+  });
+}
+
 uint64_t register_post_accumulate_grad_hook(const Tensor& leaf,
                                             std::function<void(const Tensor& grad)> hook) {
   OPFORGE_CHECK(leaf.defined() && leaf.requires_grad() && !leaf.grad_fn())

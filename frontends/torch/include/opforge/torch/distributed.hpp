@@ -31,6 +31,8 @@ void broadcast(const std::vector<Tensor>& tensors, int root = 0);
 // each reduced with a non-blocking MPI_Iallreduce, all in flight at once, in the same order on
 // every rank. Undefined tensors are skipped (every rank must skip the same ones).
 void all_reduce_mean(const std::vector<Tensor>& tensors, size_t bucket_bytes = size_t(25) << 20);
+// The same with the sum over the ranks (torch.distributed.all_reduce's default).
+void all_reduce_sum(const std::vector<Tensor>& tensors, size_t bucket_bytes = size_t(25) << 20);
 // Averages gradients over the ranks while backward() runs, as DDP's reducer does: the parameters
 // in buckets of about bucket_bytes, the last parameters first (their gradients come first in a
 // backward pass), each bucket's MPI_Iallreduce started as soon as backward() has added into every

@@ -175,8 +175,26 @@ class BatchNorm2d : public Module {
   // those of one call on the whole batch.
   void update_running_stats(const std::vector<RowStats>& parts);
 
- private:
+ protected:
   double eps_, momentum_;
+};
+
+// Batch normalisation over the batch of every MPI rank (torch.nn.SyncBatchNorm), for inputs
+// (N, C, ...) of two dims or more. In training each rank's per-channel count, sum and sum of
+// squares are summed over the ranks (all_reduce_sum, float64), the input is normalised by the
+// whole batch's mean and variance, and the running statistics take them (the variance unbiased
+// over the whole batch). backward() sums each channel's g and g xhat over the ranks the same way,
+// so each rank's input gradient is its part of the whole batch's; the weight's and bias's
+// gradients are the rank's own sums, which the gradients' all-reduce then averages as any
+// parameter's. Every rank must run the same layers in the same order. In a process mpirun did not
+// start, or a build without MPI, it is batch normalisation over the process's batch. Inside a
+// DataParallel share it raises an Error (its threads would talk to MPI at once): BatchNorm2d is
+// the layer there.
+class SyncBatchNorm : public BatchNorm2d {
+ public:
+  using BatchNorm2d::BatchNorm2d;
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "SyncBatchNorm"; }
 };
 
 // Normalises over the trailing dims; weight 1 and bias 0 to start with (elementwise_affine).
