@@ -7,10 +7,10 @@
 #include <exception>
 #include <iostream>
 #include <sstream>
-#include <thread>
 
 #include "opforge/autograd.hpp"
 #include "share_state.hpp"
+#include "share_threads.hpp"
 
 namespace opforge::torch::nn {
 namespace {
@@ -81,10 +81,11 @@ std::vector<int64_t> offsets(const std::vector<int64_t>& split) {
   return begin;
 }
 
-// Runs body(i, begin, count) for each device's share, device 0's on the calling thread, each
-// pinned to its device; returns each one's error (null where it succeeded).
+// Runs body(i, begin, count) for each device's share, device 0's on the calling thread and the
+// others on `threads`, each pinned to its device; returns each one's error (null where it
+// succeeded).
 template <class Body>
-std::vector<std::exception_ptr> run_shares(const std::vector<Device>& devs,
+std::vector<std::exception_ptr> run_shares(ShareThreads& threads, const std::vector<Device>& devs,
                                            const std::vector<int64_t>& split, Body body) {
   std::vector<std::exception_ptr> errors(devs.size());
   const std::vector<int64_t> begin = offsets(split);
@@ -97,15 +98,7 @@ std::vector<std::exception_ptr> run_shares(const std::vector<Device>& devs,
       errors[i] = std::current_exception();
     }
   };
-  std::vector<std::thread> threads;
-  try {
-    for (size_t i = 1; i < devs.size(); i++) threads.emplace_back(run, i);
-  } catch (...) {  // no thread left joinable (std::terminate) when one cannot start
-    for (std::thread& t : threads) t.join();
-    throw;
-  }
-  run(0);
-  for (std::thread& t : threads) t.join();
+  threads.run(devs.size(), run);
   return errors;
 }
 
@@ -145,6 +138,7 @@ DataParallel::DataParallel(std::shared_ptr<Module> module, std::vector<Device> d
       initial_rates_(split_.rates()),
       fixed_split_(options.fixed) {
   OPFORGE_CHECK(module_) << "DataParallel: the module is null";
+  threads_ = std::make_shared<ShareThreads>();
   for (size_t i = 0; i < devices_.size(); i++) places_.push_back(i);
   for (size_t i = 0; i < devices_.size(); i++) {
     OPFORGE_CHECK(device_exists(devices_[i]))
@@ -324,8 +318,9 @@ Tensor DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   };
-  std::vector<std::exception_ptr> errors = run_shares(
-      devices_, split, [&](size_t i, int64_t begin, int64_t count) { share(i, begin, count, i); });
+  std::vector<std::exception_ptr> errors =
+      run_shares(*threads_, devices_, split,
+                 [&](size_t i, int64_t begin, int64_t count) { share(i, begin, count, i); });
   // A failed share runs again on the first device that succeeded: if it passes there, its own
   // device was at fault and leaves the split (below); if not, the error is the step's own (the
   // data, the module, the criterion) and is raised, no gradient added.
@@ -399,7 +394,7 @@ Tensor DataParallel::forward(const Tensor& input) {
   draw_dropout_seeds(*module_, dropout_seeds);
   const bool grad_mode = autograd::grad_enabled();
   std::vector<std::exception_ptr> errors =
-      run_shares(devices_, split, [&](size_t i, int64_t begin, int64_t count) {
+      run_shares(*threads_, devices_, split, [&](size_t i, int64_t begin, int64_t count) {
         autograd::GradModeGuard same_mode(grad_mode);
         ShareState state(begin, &dropout_seeds);
         InShare in_share(state);

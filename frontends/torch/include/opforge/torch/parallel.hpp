@@ -23,6 +23,8 @@
 
 namespace opforge::torch::nn {
 
+class ShareThreads;
+
 // Unlike torch.nn.DataParallel, whose backward runs through the autograd engine's device threads,
 // each device here runs its share's backward on its own thread in forward_backward(); forward()
 // alone serves evaluation.
@@ -86,6 +88,8 @@ class DataParallel {
   };
   void check_module() const;
   void drop(size_t i, const std::string& why);
+  // The threads of the shares beyond the first, kept between steps (share_threads.hpp).
+  std::shared_ptr<ShareThreads> threads_;
   void rejoin();
   std::shared_ptr<Module> module_;
   std::vector<Device> devices_;
