@@ -63,8 +63,10 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   double n = 0;
   {
     autograd::NoGradGuard no_grad;
-    // This rank's count, sums and sums of squares (about its own mean, then shifted: the centred
-    // form keeps float32 inputs' variance exact where their mean is large).
+    // This rank's count, sums and sums of squares per channel, the squares from its own mean and
+    // variance (n (var + mean^2)), all in float64: the whole batch's variance is then
+    // E[x^2] - mean^2, exact to float64 rounding unless a channel's mean is many orders of
+    // magnitude above its spread.
     const Tensor xd = x.detach();
     const double count = double(x.numel() / std::max<int64_t>(C, 1));
     const Tensor m = opforge::mean(xd, axes), v = opforge::var(xd, axes, false, 0.0);
