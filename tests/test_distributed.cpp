@@ -271,6 +271,63 @@ TEST(Distributed, SyncBatchNormNormalisesOverEveryRanksBatch) {
   expect_all_near(db, whole.bias.grad(), 1e-10, "bias gradient");
 }
 
+// linear -> batch normalisation (Norm: SyncBatchNorm or BatchNorm2d, on (N, 8, 1, 1)) -> relu ->
+// linear, in float64, the same initial parameters for the same seed.
+template <class Norm>
+struct NormNet : nn::Module {
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<Norm> norm;
+  explicit NormNet(uint64_t seed) {
+    Generator g(seed);
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(12, 8, true, DType::Float64, g));
+    norm = register_module("norm", std::make_shared<Norm>(8, 1e-5, 0.1, true, DType::Float64));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(8, 5, true, DType::Float64, g));
+  }
+  Tensor forward(const Tensor& x) override {
+    const int64_t n = x.size(0);
+    Tensor h = (*norm)((*fc1)(x).reshape({n, 8, 1, 1})).reshape({n, 8});
+    return (*fc2)(relu(h));
+  }
+  std::string name() const override { return "NormNet"; }
+};
+
+// SyncBatchNorm's all-reduces inside the backward pass, among the gradients' buckets started
+// during it: three SGD steps on each rank's rows of a batch give every rank the parameters of one
+// process with BatchNorm2d over the whole batch, bit-identical on all ranks.
+TEST(Distributed, SyncBatchNormTrainsAsOneProcessWithTheWholeBatch) {
+  NEEDS_RANKS();
+  const int world = distributed::world_size(), rank = distributed::rank();
+  const int64_t rows = 4;
+  NormNet<nn::SyncBatchNorm> mine(9);
+  NormNet<nn::BatchNorm2d> whole(9);
+  distributed::GradientReducer reducer(mine.parameters(), 128, 128);  // buckets start early
+  nn::CrossEntropyLoss criterion;
+  data::Dataset d = dataset(rows * world * 3);
+  auto sgd = [](nn::Module& m) {
+    autograd::NoGradGuard no_grad;
+    for (Tensor& p : m.parameters()) p.add_(p.grad(), -0.1);
+    m.zero_grad();
+  };
+  for (int64_t step = 0; step < 3; step++) {
+    const int64_t first = step * rows * world;
+    Tensor x = d.images.slice(0, first, first + rows * world),
+           y = d.labels.slice(0, first, first + rows * world);
+    criterion(whole(x), y).backward();
+    sgd(whole);
+    criterion(mine(x.slice(0, rank * rows, (rank + 1) * rows)),
+              y.slice(0, rank * rows, (rank + 1) * rows))
+        .backward();
+    reducer.finish();
+    sgd(mine);
+    distributed::check_same(fingerprint(mine.parameters()), "parameters after a step");
+  }
+  const std::vector<Tensor> got = mine.parameters(), want = whole.parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < got.size(); j++) expect_all_near(got[j], want[j], 1e-10, "parameter");
+  expect_all_near(mine.norm->running_mean, whole.norm->running_mean, 1e-12, "running mean");
+  expect_all_near(mine.norm->running_var, whole.norm->running_var, 1e-12, "running variance");
+}
+
 // Without mpirun, SyncBatchNorm is batch normalisation over the process's batch, (N, C) inputs
 // too; in evaluation it uses the running statistics.
 TEST(SyncBatchNormAlone, IsBatchNormOverTheProcesssBatch) {
