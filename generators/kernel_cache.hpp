@@ -139,7 +139,6 @@ inline std::string definition_text(const Pipeline& p) {
   for (const auto* named : {&p.out, &p.acc, &p.padded, &p.side})
     os << "role " << (named->defined() ? canon.name(named->name(), 'f') : "-") << "\n";
   for (const auto& r : p.reductions) os << "reduction " << canon.name(r.name(), 'f') << "\n";
-  for (const auto& s : p.stages) os << "stage " << canon.name(s.name(), 'f') << "\n";
   for (const auto& v : p.vars) os << "var " << canon.name(v.name(), 'v') << "\n";
   for (const auto& f : order) {
     os << "func " << canon.name(f.name(), 'f') << "(";

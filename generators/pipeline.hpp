@@ -53,8 +53,6 @@ struct Pipeline {
   // would recompute a row's max and sum for each element of the row, and var its mean for each
   // term of its sum.
   std::vector<Func> reductions;
-  // reduction: functions the op's definition names for the schedules to place (RedArgs::stage).
-  std::vector<Func> stages;
   std::vector<Var> vars;  // out's pure vars, innermost first
   // Sets estimates for an autoscheduler at the given size; returns the call extents below which
   // the resulting schedule may be invalid.

@@ -51,7 +51,6 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     p.out(p.vars) = cast_all(result);
   else
     p.out(p.vars) = Halide::cast(a.out_type, result);
-  p.stages = *a.staged;
   bool normalize = op.kind == ReductionKind::normalize;
   bool per_channel = op.kind == ReductionKind::per_channel;
   bool channel_normalize = op.kind == ReductionKind::channel_normalize;

@@ -24,13 +24,12 @@ inline void in_vector_lanes(Stage stage, const Halide::RVar& r, int lanes,
 // A per_channel op's out(k) (normalisation's per-channel sums), or a channel_normalize op's
 // per-channel outputs: the channels in parallel, each channel's reductions over (i, o) computed at
 // it, in vector lanes along i where i is contiguous and a vector long (NCHW: a channel's H x W
-// plane; a row_normalize op's row: layer_norm's). Where instead each row o holds the channels side by side (i of extent 1, k contiguous:
-// layer_norm's view (1, D, rows), batch_norm over (N, C)), a channel's values lie a row apart, so
-// the sums run as PyTorch's CPU kernels do: chunks of rows in parallel, each adding its rows into
-// a partial sum per channel with vectors along the channels, and a channel's result the sum of its
-// chunks' partials. Reductions that do not depend on the channel (statistics per row that a
-// definition reduces itself) and the functions the definition names (RedArgs::stage) are computed
-// once, before, their sums in vector lanes along contiguous rows.
+// plane; a row_normalize op's row: layer_norm's). Where instead each row o holds the channels side
+// by side (i of extent 1, k contiguous: layer_norm's view (1, D, rows), batch_norm over (N, C)), a
+// channel's values lie a row apart, so the sums run as PyTorch's CPU kernels do: chunks of rows in
+// parallel, each adding its rows into a partial sum per channel with vectors along the channels,
+// and a channel's result the sum of its chunks' partials. Reductions that do not depend on the
+// channel (statistics per row that a definition reduces itself) are computed once, before.
 inline void manual_per_channel(gen::Pipeline& p, Func channels, const Halide::Target& t) {
   int v = vector_lanes(t, p.in_dtype);
   Var k = channels.args()[0], kt("kt");
@@ -50,22 +49,12 @@ inline void manual_per_channel(gen::Pipeline& p, Func channels, const Halide::Ta
   rows = rows && in.dim(1).extent() >= v;
   // Chunks of rows: a few tasks per core, none shorter than 8 rows.
   Expr chunk = Halide::max((in.dim(2).extent() + 15) / 16, 8);
-  for (Func& f : p.stages) {
-    f.compute_root();
-    if (!f.args().empty()) f.vectorize(f.args().back(), v, TailStrategy::GuardWithIf);
-  }
   for (Func& f : p.reductions) {
     bool per_channel = false;
     for (const Var& a : f.args()) per_channel = per_channel || a.name() == k.name();
     if (!per_channel) {
       f.compute_root();
-      if (f.args().empty()) continue;
-      Var row = f.args().back(), rt("rt");
-      f.update(0)
-          .split(row, rt, row, iterations_per_task(in.dim(1).extent()), TailStrategy::GuardWithIf)
-          .parallel(rt);
-      in_vector_lanes(f.update(0).specialize(rows), f.rvars(0)[0], 4 * v,
-                      Halide::LoopLevel(f, row));
+      if (!f.args().empty()) f.update(0).parallel(f.args().back());
       continue;
     }
     f.compute_at(channels, k);
@@ -219,8 +208,8 @@ inline void manual_reduction(gen::Pipeline& p, const Halide::Target& t) {
 // threads read adjacent elements), then one thread combines their partial results; a thread per
 // channel left all but 32 of a GPU's threads idle for a CNN layer's statistics. Reductions that do
 // not depend on the channel (statistics per row that a definition reduces itself) are kernels of
-// their own before it, a thread per row: inside the channels' blocks every channel would reduce every
-// row again (rows x D^2 work).
+// their own before it, a thread per row: inside the channels' blocks every channel would reduce
+// every row again (rows x D^2 work).
 inline void gpu_channels(gen::Pipeline& p, Func channels, int threads) {
   Var k = channels.args()[0];
   channels.gpu_blocks(k);

@@ -478,8 +478,7 @@ void check_layer_norm_backward(const KernelGroup& g, const VariantInfo& v) {
   const bool rows_view = g.op->name == "layer_norm_backward";
   ASSERT_LE(m[rows_view ? 2 : 0], 1) << what(g, v) << ": layer_norm's views have no batch";
   // 19 rows: the per-channel sums' chunks of 8 rows, two whole and a tail.
-  int64_t reduced = at_least(m[rows_view ? 0 : 1], 17),
-          outer = at_least(m[rows_view ? 1 : 2], 19);
+  int64_t reduced = at_least(m[rows_view ? 0 : 1], 17), outer = at_least(m[rows_view ? 1 : 2], 19);
   const double eps = 1e-5;
   for (Layout l : {Layout::dense, Layout::views}) {
     SCOPED_TRACE(layout_name(l));

@@ -7,7 +7,6 @@
 #include <bit>
 #include <boost/hana.hpp>
 #include <cstddef>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -223,14 +222,6 @@ struct RedArgs {
   // x and the inputs of its shape at channel k, at `across`'s point.
   Expr x_across() const { return in(across.x, k, across.y); }
   Expr like_across(size_t j) const { return like[j](across.x, k, across.y); }
-  // A function the definition names so that schedules can place it (compute it once, ahead of the
-  // output) rather than have Halide inline it at every use: a per-row statistic that a per_channel
-  // op's sums read at every (row, channel).
-  Func stage(const std::string& name) const {
-    staged->emplace_back(name);
-    return staged->back();
-  }
-  std::shared_ptr<std::vector<Func>> staged = std::make_shared<std::vector<Func>>();
 };
 
 // reduce: out(i, o); normalize: out(i, k, o); per_channel: out(k), a Tuple of results per channel
