@@ -8,10 +8,12 @@ namespace opforge::gen {
 // The buffers each kind takes are listed with WindowKind (dsl/opforge/dsl/op.hpp). Every image is
 // read through a zero border (Halide's constant_exterior; a schedule may materialise the one in
 // `p.padded` once per call), but for conv2d_backward_input's gradient, whose taps stay inside it.
+// A pool's saved indices are read through a border of -1, which no input point has.
 template <class T, class Op>
 Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family::window) {
   const WindowKind kind = op.kind;
-  const bool conv = kind == WindowKind::conv, grad_input = kind == WindowKind::conv_grad_input;
+  const bool conv = kind == WindowKind::conv, grad_input = kind == WindowKind::conv_grad_input,
+             from_indices = kind == WindowKind::pool_grad_indices;
   Pipeline p = start<T>(op, conv ? 3 : is_gradient(kind) ? 2 : 1, int(kind));
   Type t = halide_type<T>();
   WindowArgs a;
@@ -43,6 +45,10 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   if (grad_input) {  // its taps stay inside the gradient: no border to materialise
     read_grad();
     read_weight();
+  } else if (from_indices) {
+    read_grad();
+    auto indices = detail::add_input(p, Halide::Int(64), 4, "indices", false);
+    a.indices = Halide::BoundaryConditions::constant_exterior(indices, Expr(int64_t(-1)));
   } else {
     auto in = detail::add_input(p, t, 4, "in", false);
     a.in = zero_border(in);
@@ -58,15 +64,16 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     }
   }
   a.attr = detail::make_attrs(p, op.attrs, t);
-  if (kind == WindowKind::pool || kind == WindowKind::pool_grad) {
+  if (kind == WindowKind::pool || kind == WindowKind::pool_grad || from_indices) {
     a.kernel_h = a.attr["kernel_h"];
     a.kernel_w = a.attr["kernel_w"];
   }
+  if (from_indices) a.in_w = a.attr["in_w"];
   AccOut ao = op.fn(a);
   p.acc = ao.acc;
   p.out = ao.out;
   p.vars = {a.w, a.h, a.c, a.n};
-  // What else accumulates (max_pool2d_backward's argmax per window): schedules place it.
+  // What else accumulates (a helper reduction of the op's own): schedules place it.
   for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
     if (name != p.out.name() && name != p.acc.name() && f.has_update_definition())
       p.reductions.emplace_back(f);
@@ -89,7 +96,7 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
     for (auto& f : p.float_attrs) f.set_estimate(1.0);
     for (auto& i : p.int_attrs) {
       std::string n = i.name();
-      i.set_estimate(n.rfind("kernel", 0) == 0 ? 3 : 1);
+      i.set_estimate(n.rfind("kernel", 0) == 0 ? 3 : n == "in_w" ? s : 1);
     }
     return weight_out ? std::vector<int64_t>{3, 3, 16, 16}
                       : std::vector<int64_t>{size, size, 16, 1};

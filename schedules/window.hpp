@@ -172,7 +172,7 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (small || !conv) {
     // Image planes in groups of channels of one image, about 2^12 outputs a group (7 planes of a
     // 24 x 24 gradient, 28 of a 12 x 12 pool, 64 of an 8 x 8 one): what the output reads (the
-    // image with its zero border, max_pool2d_backward's argmax per window) is computed per group,
+    // image with its zero border, any other accumulation of the op) is computed per group,
     // so it stays in the first-level cache and a small plane does not pay a loop nest's set-up
     // alone. A parallel task is several groups: one small plane is less work than handing a task
     // to a thread costs.
@@ -215,8 +215,10 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
     if (conv) return {};
     // The image with its zero border, once per group: the taps then load vectors rather than
     // clamp each lane.
-    std::vector<Var> pv = p.padded.args();
-    p.padded.compute_at(p.out, group).vectorize(pv[0], v, TailStrategy::RoundUp);
+    if (p.padded.defined()) {  // (a gradient from saved indices reads no image)
+      std::vector<Var> pv = p.padded.args();
+      p.padded.compute_at(p.out, group).vectorize(pv[0], v, TailStrategy::RoundUp);
+    }
     auto unrolled_taps = [&](Func& f) {
       auto r = f.rvars(0);
       Stage s = f.update(0).specialize(two);

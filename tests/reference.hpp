@@ -871,6 +871,36 @@ inline Expected conv2d_backward_weight(const Dense& x, const Dense& grad, const 
   return e;
 }
 
+// Where max_pool2d's window (oh, ow) of plane `plane` (offset into x) has its maximum, as an index
+// into the plane: the first maximum in row-major order, or the last NaN (PyTorch's rule).
+inline int64_t pool_argmax(const Dense& x, size_t plane, int64_t oh, int64_t ow,
+                           const PoolParams& p) {
+  int64_t H = x.shape[2], W = x.shape[3];
+  int64_t h0 = oh * p.stride_h - p.pad_h, w0 = ow * p.stride_w - p.pad_w;
+  int64_t best = std::max<int64_t>(h0, 0) * W + std::max<int64_t>(w0, 0);
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + p.kernel_h, H); ih++)
+    for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + p.kernel_w, W); iw++) {
+      double v = x.v[plane + size_t(ih * W + iw)];
+      if (v > m || std::isnan(v)) m = v, best = ih * W + iw;
+    }
+  return best;
+}
+
+// max_pool2d_with_indices' indices (stride 0 means the kernel size).
+inline Expected max_pool2d_indices(const Dense& x, PoolParams p) {
+  Expected e = pool2d(x, p, true);  // the shape
+  if (p.stride_h == 0) p.stride_h = p.kernel_h;
+  if (p.stride_w == 0) p.stride_w = p.kernel_w;
+  int64_t H = x.shape[2], W = x.shape[3], OH = e.shape[2], OW = e.shape[3];
+  size_t i = 0;
+  for (int64_t nc = 0; nc < e.shape[0] * e.shape[1]; nc++)
+    for (int64_t oh = 0; oh < OH; oh++)
+      for (int64_t ow = 0; ow < OW; ow++)
+        e.values[i++] = double(pool_argmax(x, size_t(nc * H * W), oh, ow, p));
+  return e;
+}
+
 // The gradient of max_pool2d (is_max) or avg_pool2d: each window's gradient to its first maximum
 // in row-major order (a NaN wins; an all -inf window's to its first tap inside the image), as
 // PyTorch's indices say, or spread over the window's divisor.
@@ -888,14 +918,7 @@ inline Expected pool2d_backward(const Dense& x, const Dense& grad, PoolParams p,
           int64_t h0 = oh * p.stride_h - p.pad_h, w0 = ow * p.stride_w - p.pad_w;
           size_t plane = size_t((n * C + c) * H * W);
           if (is_max) {
-            int64_t best = std::max<int64_t>(h0, 0) * W + std::max<int64_t>(w0, 0);
-            double m = -std::numeric_limits<double>::infinity();
-            for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + p.kernel_h, H); ih++)
-              for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + p.kernel_w, W); iw++) {
-                double v = x.v[plane + size_t(ih * W + iw)];
-                if (v > m || std::isnan(v)) m = v, best = ih * W + iw;
-              }
-            e.values[plane + size_t(best)] += g;
+            e.values[plane + size_t(pool_argmax(x, plane, oh, ow, p))] += g;
             continue;
           }
           int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + p.kernel_h, H),

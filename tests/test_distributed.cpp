@@ -293,12 +293,12 @@ struct NormNet : nn::Module {
 
 // SyncBatchNorm's all-reduces inside the backward pass, among the gradients' buckets started
 // during it: three SGD steps on each rank's rows of a batch give every rank the parameters of one
-// process with BatchNorm2d over the whole batch, bit-identical on all ranks.
-TEST(Distributed, SyncBatchNormTrainsAsOneProcessWithTheWholeBatch) {
-  NEEDS_RANKS();
+// process with BatchNorm2d over the whole batch, bit-identical on all ranks. `mine`: a network
+// with SyncBatchNorm, or one with BatchNorm2d converted by convert_sync_batchnorm.
+template <class Norm>
+void trains_as_one_process(NormNet<Norm>& mine) {
   const int world = distributed::world_size(), rank = distributed::rank();
   const int64_t rows = 4;
-  NormNet<nn::SyncBatchNorm> mine(9);
   NormNet<nn::BatchNorm2d> whole(9);
   distributed::GradientReducer reducer(mine.parameters(), 128, 128);  // buckets start early
   nn::CrossEntropyLoss criterion;
@@ -326,6 +326,18 @@ TEST(Distributed, SyncBatchNormTrainsAsOneProcessWithTheWholeBatch) {
   for (size_t j = 0; j < got.size(); j++) expect_all_near(got[j], want[j], 1e-10, "parameter");
   expect_all_near(mine.norm->running_mean, whole.norm->running_mean, 1e-12, "running mean");
   expect_all_near(mine.norm->running_var, whole.norm->running_var, 1e-12, "running variance");
+}
+TEST(Distributed, SyncBatchNormTrainsAsOneProcessWithTheWholeBatch) {
+  NEEDS_RANKS();
+  NormNet<nn::SyncBatchNorm> mine(9);
+  trains_as_one_process(mine);
+}
+TEST(Distributed, ConvertedBatchNormTrainsAsOneProcessWithTheWholeBatch) {
+  NEEDS_RANKS();
+  NormNet<nn::BatchNorm2d> mine(9);
+  EXPECT_EQ(&nn::SyncBatchNorm::convert_sync_batchnorm(mine), &mine);
+  EXPECT_EQ(mine.norm->name(), "SyncBatchNorm");
+  trains_as_one_process(mine);
 }
 
 // Without mpirun, SyncBatchNorm is batch normalisation over the process's batch, (N, C) inputs
@@ -356,6 +368,33 @@ TEST(SyncBatchNormAlone, IsBatchNormOverTheProcesssBatch) {
   nn::SyncBatchNorm wrong(4);
   EXPECT_THROW(wrong(Tensor::zeros({2, 3})), Error);
   EXPECT_THROW(wrong(Tensor::zeros({4})), Error);
+}
+
+// convert_sync_batchnorm reaches every BatchNorm2d of a module tree, nested ones too, and keeps
+// the layers themselves: their parameters, buffers and training mode.
+TEST(SyncBatchNormAlone, ConvertReachesEveryBatchNormOfATree) {
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->push_back(std::make_shared<nn::BatchNorm2d>(3));
+  nn::Sequential outer;
+  outer.push_back(std::make_shared<nn::Conv2d>(2, 3, 1));
+  outer.push_back(inner);
+  outer.push_back(std::make_shared<nn::BatchNorm2d>(3));
+  outer.eval();
+  const auto before = outer.state_dict();
+  nn::SyncBatchNorm::convert_sync_batchnorm(outer);
+  EXPECT_EQ(outer.named_children()[0].second->name(), "Conv2d");
+  EXPECT_EQ(inner->named_children()[0].second->name(), "SyncBatchNorm");
+  EXPECT_EQ(outer.named_children()[2].second->name(), "SyncBatchNorm");
+  EXPECT_FALSE(outer.named_children()[2].second->is_training());
+  const auto after = outer.state_dict();
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [name, t] : before) {
+    ASSERT_TRUE(after.count(name)) << name;
+    EXPECT_EQ(after.at(name).data(), t.data()) << name << " is no longer the layer's own tensor";
+  }
+  // Converted, a layer takes what SyncBatchNorm takes: (N, C) inputs too.
+  outer.train();
+  EXPECT_NO_THROW(outer.named_children()[2].second->forward(Tensor::ones({4, 3})));
 }
 
 TEST(Distributed, RanksThatDisagreeAreRefused) {

@@ -129,6 +129,10 @@ TEST(Errors, Conv2dShapes) {
   big.kernel = {7, 7};
   EXPECT_OPFORGE_ERROR(opforge::max_pool2d(x, big), "max_pool2d");
   EXPECT_OPFORGE_ERROR(opforge::avg_pool2d(f32({5, 5}), opforge::Pool2dOptions{}), "avg_pool2d");
+  // A plane too large for the indices' 32-bit count (an expanded view: nothing is allocated).
+  Tensor huge = f32({1, 1, 1, 1}).expand({1, 1, 65536, 65537});
+  EXPECT_OPFORGE_ERROR(opforge::max_pool2d_with_indices(huge, opforge::Pool2dOptions{}),
+                       "max_pool2d_with_indices", "2^31");
 }
 
 TEST(Errors, UnknownOpByName) {

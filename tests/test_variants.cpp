@@ -737,7 +737,9 @@ void check_conv2d(const KernelGroup& g, const VariantInfo& v) {
         }
 }
 
-Handler pool_handler(bool is_max) {
+// The pools, forward: max_pool2d (is_max), avg_pool2d, or max_pool2d_with_indices (indices),
+// whose indices are compared exactly.
+Handler pool_handler(bool is_max, bool indices = false) {
   return [=](const KernelGroup& g, const VariantInfo& v) {
     DType dt = g.in_dtype;
     const int64_t* m = mins_of(v);
@@ -766,9 +768,18 @@ Handler pool_handler(bool is_max) {
         int64_t h = c.p.stride_h == 2 ? std::max(H, 2 * m[1]) : H;
         Tensor x = random_as(l, {N, C, h, c.w}, dt, Data::Normal, "variant/pool" + v.name, 2, 3);
         Expected want = pool2d(dense(x), c.p, is_max);
-        Tensor got = run_forced(
-            g, v, [&] { return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o); });
+        Tensor got_indices;
+        Tensor got = run_forced(g, v, [&] {
+          if (!indices) return is_max ? opforge::max_pool2d(x, o) : opforge::avg_pool2d(x, o);
+          auto [values, at] = opforge::max_pool2d_with_indices(x, o);
+          got_indices = at;
+          return values;
+        });
         expect_close(got, want, dt, accum_tol(dt, 9));
+        if (!indices) continue;
+        ASSERT_TRUE(got_indices.defined());
+        EXPECT_EQ(got_indices.dtype(), DType::Int64);
+        expect_close(got_indices, max_pool2d_indices(dense(x), c.p), DType::Int64, exact());
       }
   };
 }
@@ -1033,6 +1044,7 @@ const std::map<std::string, Handler>& handlers() {
     t["linear"] = check_linear;
     t["conv2d"] = check_conv2d;
     t["max_pool2d"] = pool_handler(true);
+    t["max_pool2d_with_indices"] = pool_handler(true, true);
     t["avg_pool2d"] = pool_handler(false);
     t["conv2d_backward_input"] = check_conv2d_backward_input;
     t["conv2d_backward_weight"] = check_conv2d_backward_weight;
@@ -1089,6 +1101,7 @@ std::map<std::string, std::set<std::string>> dsl_dtype_keys() {
                          "linear",
                          "conv2d",
                          "max_pool2d",
+                         "max_pool2d_with_indices",
                          "avg_pool2d",
                          "sincos",
                          "axpy_",

@@ -295,6 +295,39 @@ TEST_P(PoolTest, MaxPoolNaNAndInfinities) {
                                      0, 3, 0, 0}));
   expect_close(opforge::max_pool2d_backward(x, g, o),
                pool2d_backward(dense(x), dense(g), PoolParams{}, true), dt, exact());
+  // The indices PyTorch's return_indices gives: where each window's result lies in the plane.
+  auto [values, at] = opforge::max_pool2d_with_indices(x, o);
+  EXPECT_EQ(at.dtype(), DType::Int64);
+  EXPECT_EQ(at.to_double_vector(), (std::vector<double>{1, 2, 13, 11}));
+  std::vector<double> v = values.to_double_vector();
+  EXPECT_TRUE(std::isnan(v[0]) && std::isnan(v[2]) && v[1] == -inf && v[3] == inf);
+}
+
+// Under autograd max_pool2d saves its windows' indices and its gradient reads them: the gradient
+// equals the one found from the input, on overlapping padded windows with ties (every window of a
+// constant image ties: the first tap inside wins), and the returned indices are PyTorch's.
+TEST_P(PoolTest, MaxPoolGradientFromSavedIndices) {
+  DType dt = GetParam();
+  opforge::Pool2dOptions o;
+  o.kernel = {3, 3};
+  o.stride = {2, 2};
+  o.padding = {1, 1};
+  PoolParams p = pp(3, 3, 2, 2, 1, 1);
+  for (bool ties : {false, true}) {
+    SCOPED_TRACE(ties ? "ties" : "random");
+    Tensor data = ties ? Tensor::full({2, 3, 7, 9}, 0.5, dt)
+                       : random({2, 3, 7, 9}, dt, Data::Normal, "pool saved indices");
+    Tensor x = data.clone().requires_grad_();
+    auto [y, at] = opforge::max_pool2d_with_indices(x, o);
+    expect_close(at, max_pool2d_indices(dense(data), p), DType::Int64, exact());
+    Tensor g = random(y.shape(), dt, Data::Normal, "pool saved indices g");
+    y.backward(g);
+    expect_close(x.grad(), pool2d_backward(dense(data), dense(g), p, true), dt, tol_for(dt));
+    // max_pool2d itself takes the same path when it records.
+    Tensor x2 = data.clone().requires_grad_();
+    opforge::max_pool2d(x2, o).backward(g);
+    expect_close(x2.grad(), pool2d_backward(dense(data), dense(g), p, true), dt, tol_for(dt));
+  }
 }
 
 TEST_P(PoolTest, NonContiguousInput) {

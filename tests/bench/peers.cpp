@@ -588,6 +588,33 @@ BenchResult bench_batch_norm_step(const BenchOptions& o) {
   return step_against_torch(name, ours, y, "libtorch_batch_norm", theirs, o);
 }
 
+// One training step of the CNN's first 2x2 max pool (batch 128, 32 channels of 24 x 24): the
+// forward, which saves each window's index, and the gradient from them, against libtorch's
+// torch::max_pool2d and autograd with the same threads.
+BenchResult bench_max_pool2d_step(const BenchOptions& o) {
+  const std::string name = "max_pool2d_step_f32_128x32x24x24";
+  const Shape shape{128, 32, 24, 24};
+  Generator gen(7);
+  Tensor x = Tensor::randn(shape, DType::Float32, gen).requires_grad_();
+  const Tensor g = Tensor::randn({128, 32, 12, 12}, DType::Float32, gen);
+  Tensor y;
+  const Fn ours = [&] {
+    x.set_grad(Tensor());
+    y = max_pool2d(x, Pool2dOptions{});
+    y.backward(g);
+  };
+  warm_up(ours, calibration_calls("max_pool2d_with_indices"));
+  check_shape(name, y, {128, 32, 12, 12});
+  TorchStep theirs;
+#ifdef OPFORGE_HAVE_LIBTORCH
+  theirs = [&](int threads, std::vector<float>& theirs_y) {
+    return torch_max_pool2d_step(float_values(x.detach()), float_values(g), {128, 32, 24, 24},
+                                 threads, theirs_y);
+  };
+#endif
+  return step_against_torch(name, ours, y, "libtorch_max_pool2d", theirs, o);
+}
+
 // Two threads calling tiny ops at once, against one thread: how the per-call path scales when it
 // takes no lock another call holds. Each thread makes its own tensors and calibrates its bucket
 // before the clock starts; throughput in million calls per second (ratio > 1: two threads do more).
@@ -657,6 +684,7 @@ const std::vector<Benchmark>& benchmarks() {
         {"sum_f32_4096x4096_axis0", [](const BenchOptions& o) { return bench_sum_axis(0, o); }},
         {"batch_norm_train_f32_128x32x24x24", bench_batch_norm_step},
         {"layer_norm_step_f32_512x1024", bench_layer_norm_step},
+        {"max_pool2d_step_f32_128x32x24x24", bench_max_pool2d_step},
         {"dispatch_add_4", bench_dispatch_add_4},
         {"dispatch_2threads", bench_dispatch_2threads},
     };

@@ -78,4 +78,29 @@ std::function<void()> torch_layer_norm_step(const std::vector<float>& x,
                    });
 }
 
+std::function<void()> torch_max_pool2d_step(const std::vector<float>& x,
+                                            const std::vector<float>& g,
+                                            std::array<int64_t, 4> shape, int threads,
+                                            std::vector<float>& y) {
+  torch::set_num_threads(threads);
+  struct State {
+    torch::Tensor x, g, y;
+  };
+  auto s = std::make_shared<State>();
+  s->x = torch::from_blob(const_cast<float*>(x.data()), {shape.begin(), shape.end()})
+             .clone()
+             .requires_grad_();
+  const int64_t out[] = {shape[0], shape[1], shape[2] / 2, shape[3] / 2};
+  s->g = torch::from_blob(const_cast<float*>(g.data()), out).clone();
+  auto step = [s] {
+    s->x.mutable_grad() = torch::Tensor();
+    s->y = torch::max_pool2d(s->x, {2, 2});
+    s->y.backward(s->g);
+  };
+  step();
+  torch::Tensor yc = s->y.detach().contiguous();
+  y.assign(yc.data_ptr<float>(), yc.data_ptr<float>() + yc.numel());
+  return step;
+}
+
 }  // namespace opforge::cli

@@ -1,5 +1,6 @@
 // libtorch as the peer of `opforge bench`'s rows that call PyTorch's own kernels: torch::add of two
-// 4-element float32 tensors (the dispatch rows), a batch_norm training step. Built only where CMake
+// 4-element float32 tensors (the dispatch rows), training steps of batch_norm, layer_norm and
+// max_pool2d. Built only where CMake
 // finds Debian's libtorch-dev (OPFORGE_HAVE_LIBTORCH); kept in its own translation unit so that
 // torch's headers and flags stay out of the rest of the command line.
 #pragma once
@@ -26,6 +27,13 @@ std::function<void()> torch_batch_norm_step(const std::vector<float>& x,
 std::function<void()> torch_layer_norm_step(const std::vector<float>& x,
                                             const std::vector<float>& g,
                                             std::array<int64_t, 2> shape, int threads,
+                                            std::vector<float>& y);
+
+// torch::max_pool2d of x (N, C, H, W), 2x2 windows of stride 2, then its backward with gradient g
+// (N, C, H / 2, W / 2); y gets the first forward's result.
+std::function<void()> torch_max_pool2d_step(const std::vector<float>& x,
+                                            const std::vector<float>& g,
+                                            std::array<int64_t, 4> shape, int threads,
                                             std::vector<float>& y);
 
 }  // namespace opforge::cli

@@ -350,20 +350,31 @@ constexpr auto contraction(const char* name, Dtypes d, const char* attrs, bool h
 //                                         transposed convolution
 //   conv_grad_weight  in, grad         -> out(kx, ky, ci, co): the gradient of conv's weight
 //   pool_grad         in, grad         -> out(x, y, c, n): the gradient of a pool's input
+//   pool_grad_indices grad, indices    -> out(x, y, c, n): the same from the forward's saved
+//                                         indices (int64, as grad; -1 outside it), without `in`
+// A pool may give several outputs (a Tuple: max_pool2d_with_indices' values and indices).
 // The gradient kinds read `grad`, the gradient of the forward op's output, zero outside it.
-enum class WindowKind { conv, pool, conv_grad_input, conv_grad_weight, pool_grad };
+enum class WindowKind {
+  conv,
+  pool,
+  conv_grad_input,
+  conv_grad_weight,
+  pool_grad,
+  pool_grad_indices
+};
 constexpr bool is_gradient(WindowKind k) {
   return k == WindowKind::conv_grad_input || k == WindowKind::conv_grad_weight ||
-         k == WindowKind::pool_grad;
+         k == WindowKind::pool_grad || k == WindowKind::pool_grad_indices;
 }
 
 struct WindowArgs {
-  Func in;                // in(w, h, c, n), zero outside the image (not conv_grad_input)
-  Func weight;            // weight(kw, kh, ci, co): conv, conv_grad_input
-  Func bias;              // bias(co): conv
-  Func grad;              // grad(wo, ho, co, n), zero outside it: the gradient kinds
+  Func in;      // in(w, h, c, n), zero outside the image (not conv_grad_input, pool_grad_indices)
+  Func weight;  // weight(kw, kh, ci, co): conv, conv_grad_input
+  Func bias;    // bias(co): conv
+  Func grad;    // grad(wo, ho, co, n), zero outside it: the gradient kinds
   Func grad_inside;       // the same without the zero border, for reads that stay inside it
-  Expr in_w, in_h, in_c;  // in's extents
+  Func indices;           // indices(wo, ho, c, n), -1 outside them: pool_grad_indices
+  Expr in_w, in_h, in_c;  // in's extents (pool_grad_indices: in_w, its `in_w` attribute)
   Expr grad_w, grad_h, grad_c, grad_n;  // grad's extents
   Expr out_c;                           // weight's dim 3: conv's output channels
   Expr group_c;                         // weight's dim 2: conv's input channels per group

@@ -119,6 +119,25 @@ inline const auto window_ops = hana::make_tuple(
              out(a.w, a.h, a.c, a.n) = acc(a.w, a.h, a.c, a.n);
              return AccOut{acc, out};
            }),
+    // max_pool2d that also gives where each window's maximum lies in its input plane (h * W + w,
+    // int64: PyTorch's indices), by the same rule: what the gradient reads rather than finding the
+    // maximum again.
+    window("max_pool2d_with_indices", WindowKind::pool, floats,
+           "kernel_h:i,kernel_w:i,stride_h:i,stride_w:i,pad_h:i,pad_w:i",
+           [](const WindowArgs& a) {
+             Halide::RDom r(0, a.kernel_w, 0, a.kernel_h);
+             Expr x = detail::window_x(a, r.x), y = detail::window_y(a, r.y);
+             Expr x0 = detail::first_x(a, a.w), y0 = detail::first_y(a, a.h);
+             Func acc("acc"), out("out");
+             acc(a.w, a.h, a.c, a.n) = {a.in(x0, y0, a.c, a.n), y0 * a.in_w + x0};
+             Halide::FuncRef cur = acc(a.w, a.h, a.c, a.n);
+             Expr v = a.in(x, y, a.c, a.n);
+             Expr take = detail::pool_tap_inside(a, x, y) && detail::takes_max(v, cur[0]);
+             acc(a.w, a.h, a.c, a.n) = {Halide::select(take, v, cur[0]),
+                                        Halide::select(take, y * a.in_w + x, cur[1])};
+             out(a.w, a.h, a.c, a.n) = {cur[0], Halide::cast(Halide::Int(64), cur[1])};
+             return AccOut{acc, out};
+           }),
     window("avg_pool2d", WindowKind::pool, floats,
            "kernel_h:i,kernel_w:i,stride_h:i,stride_w:i,pad_h:i,pad_w:i,count_include_pad:i",
            [](const WindowArgs& a) {
@@ -181,30 +200,15 @@ inline const auto window_ops = hana::make_tuple(
              out(a.w, a.h, a.c, a.n) = acc(a.w, a.h, a.c, a.n);
              return AccOut{acc, out};
            }),
-    // max_pool2d's: each window's gradient goes to its maximum, found by the forward's rule (the
-    // first maximum in row-major order; the last NaN), as PyTorch's indices do.
-    window("max_pool2d_backward", WindowKind::pool_grad, floats,
-           "kernel_h:i,kernel_w:i,stride_h:i,stride_w:i,pad_h:i,pad_w:i",
+    // max_pool2d's: each window's gradient goes to its maximum, where the forward's indices
+    // (max_pool2d_with_indices) say it is.
+    window("max_pool2d_backward", WindowKind::pool_grad_indices, floats,
+           "kernel_h:i,kernel_w:i,stride_h:i,stride_w:i,pad_h:i,pad_w:i,in_w:i",
            [](const WindowArgs& a) {
-             // The maximum's tap number in its window (row-major): constant per tap where a
-             // schedule unrolls the taps.
-             Halide::Var wo("wo"), ho("ho");
-             Halide::RDom k(0, a.kernel_w, 0, a.kernel_h);
-             Expr x = detail::tap_x(a, wo, k.x), y = detail::tap_y(a, ho, k.y);
-             Expr x0 = detail::first_x(a, wo), y0 = detail::first_y(a, ho);
-             auto tap = [&](const Expr& gw, const Expr& gh, const Expr& x, const Expr& y) {
-               return (y - detail::tap_y(a, gh, 0)) * a.kernel_w + (x - detail::tap_x(a, gw, 0));
-             };
-             Func argmax("argmax");
-             argmax(wo, ho, a.c, a.n) = {a.in(x0, y0, a.c, a.n), tap(wo, ho, x0, y0)};
-             Expr v = a.in(x, y, a.c, a.n), cur = argmax(wo, ho, a.c, a.n)[0];
-             Expr take = detail::pool_tap_inside(a, x, y) && detail::takes_max(v, cur);
-             argmax(wo, ho, a.c, a.n) = {
-                 Halide::select(take, v, cur),
-                 Halide::select(take, k.y * a.kernel_w + k.x, argmax(wo, ho, a.c, a.n)[1])};
+             Expr here = Halide::cast(Halide::Int(64), a.h * a.in_w + a.w);
              return detail::pool_gradient(a, [&](const Expr& gw, const Expr& gh) {
-               return Halide::select(argmax(gw, gh, a.c, a.n)[1] == tap(gw, gh, a.w, a.h),
-                                     a.grad(gw, gh, a.c, a.n), Halide::cast(a.type, 0));
+               return Halide::select(a.indices(gw, gh, a.c, a.n) == here, a.grad(gw, gh, a.c, a.n),
+                                     Halide::cast(a.type, 0));
              });
            }),
     // avg_pool2d's: each window's gradient, divided by its divisor, to every input it covers.

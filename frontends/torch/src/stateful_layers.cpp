@@ -62,6 +62,7 @@ Tensor Dropout::forward(const Tensor& x) {
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
+  if (sync_) return sync_forward(x);
   OPFORGE_CHECK(x.defined() && x.dim() == 4) << "BatchNorm2d: expected an (N, C, H, W) input, got "
                                              << (x.defined() ? shape_str(x.shape()) : "undefined");
   ShareState* share = current_share();

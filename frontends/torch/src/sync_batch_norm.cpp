@@ -36,7 +36,13 @@ std::vector<double> summed_over_ranks(const std::vector<Tensor>& parts) {
 
 }  // namespace
 
-Tensor SyncBatchNorm::forward(const Tensor& x) {
+Module& SyncBatchNorm::convert_sync_batchnorm(Module& module) {
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&module)) bn->sync_ = true;
+  for (const auto& [name, child] : module.named_children()) convert_sync_batchnorm(*child);
+  return module;
+}
+
+Tensor BatchNorm2d::sync_forward(const Tensor& x) {
   OPFORGE_CHECK(x.defined() && x.dim() >= 2) << "SyncBatchNorm: expected an (N, C, ...) input, got "
                                              << (x.defined() ? shape_str(x.shape()) : "undefined");
   const int64_t C = running_mean.defined() ? running_mean.numel() : 0;

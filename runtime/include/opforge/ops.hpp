@@ -155,6 +155,10 @@ struct Pool2dOptions {
 };
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
+// max_pool2d and, for each window, where its maximum lies in its input plane (int64 h * W + w,
+// PyTorch's return_indices=True). Under autograd max_pool2d runs this and its gradient reads the
+// indices, as PyTorch's does.
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& o);
 // PyTorch's conv_transpose2d: weight (in_channels, out_channels/groups, kH, kW); the output is
 // (N, out_channels, (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1,
 // ...).
@@ -166,7 +170,8 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
 // The gradients of the window ops, each a generated op of its own (autograd calls them): of
 // conv2d's input (a transposed convolution of the output's gradient; input_shape is the input's
 // NCHW shape) and weight (weight_shape: (out_channels, in_channels/groups, kH, kW)), and of a
-// pool's input, given that input and the gradient of the pool's output.
+// pool's input, given that input and the gradient of the pool's output (max_pool2d_backward finds
+// each window's maximum with max_pool2d_with_indices, then runs the gradient kernel on them).
 Tensor conv2d_backward_input(const Tensor& grad, const Tensor& weight, const Shape& input_shape,
                              const Conv2dOptions& o = {});
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad, const Shape& weight_shape,

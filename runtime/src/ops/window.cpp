@@ -2,6 +2,8 @@
 // own: conv2d_backward_input, which is also conv_transpose2d, conv2d_backward_weight and the pools'
 // backward ops). The runtime checks the geometry and sizes the output; the kernels read it from
 // the output buffer.
+#include <limits>
+
 #include "autograd/record.hpp"
 #include "kernels/kernel_call.hpp"
 
@@ -109,8 +111,7 @@ struct PoolGeometry {
   std::array<int64_t, 2> stride;
   Shape out;
 };
-PoolGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
-  check_image(name, x, "input", "NCHW");
+PoolGeometry pool_geometry(const char* name, const Shape& x, const Pool2dOptions& o) {
   auto stride = o.stride;
   if (stride[0] == 0) stride[0] = o.kernel[0];
   if (stride[1] == 0) stride[1] = o.kernel[1];
@@ -120,12 +121,23 @@ PoolGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOption
   OPFORGE_CHECK(o.padding[0] * 2 <= o.kernel[0] && o.padding[1] * 2 <= o.kernel[1])
       << name << ": padding must be at most half the kernel size, got padding (" << o.padding[0]
       << ", " << o.padding[1] << ") for kernel (" << o.kernel[0] << ", " << o.kernel[1] << ")";
-  int64_t OH = out_size(name, x.size(2), o.kernel[0], stride[0], o.padding[0], 1, "height");
-  int64_t OW = out_size(name, x.size(3), o.kernel[1], stride[1], o.padding[1], 1, "width");
-  return {stride, {x.size(0), x.size(1), OH, OW}};
+  int64_t OH = out_size(name, x[2], o.kernel[0], stride[0], o.padding[0], 1, "height");
+  int64_t OW = out_size(name, x[3], o.kernel[1], stride[1], o.padding[1], 1, "width");
+  return {stride, {x[0], x[1], OH, OW}};
 }
 
-// Runs a pool (grad undefined) or its gradient (the result has x's shape).
+PoolGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
+  check_image(name, x, "input", "NCHW");
+  return pool_geometry(name, x.shape(), o);
+}
+
+// The attributes every pool kernel starts with.
+AttrValues pool_attrs(const Pool2dOptions& o, const PoolGeometry& geo) {
+  return {double(o.kernel[0]),   double(o.kernel[1]),  double(geo.stride[0]),
+          double(geo.stride[1]), double(o.padding[0]), double(o.padding[1])};
+}
+
+// Runs a pool (grad undefined) or avg_pool2d's gradient (the result has x's shape).
 Tensor pool_kernel(const char* name, const Tensor& x_in, const Tensor& grad_in,
                    const Pool2dOptions& o, bool avg) {
   const OpInfo& op = op_info(name);
@@ -144,12 +156,62 @@ Tensor pool_kernel(const char* name, const Tensor& x_in, const Tensor& grad_in,
     grad = grad_in.to(g.in_dtype).contiguous();
     args.input(view_of(grad));
   }
-  AttrValues attrs = {double(o.kernel[0]),   double(o.kernel[1]),  double(geo.stride[0]),
-                      double(geo.stride[1]), double(o.padding[0]), double(o.padding[1])};
+  AttrValues attrs = pool_attrs(o, geo);
   if (avg) attrs.push_back(o.count_include_pad ? 1 : 0);
   args.attrs(op, attrs);
   args.output(view_of(out));
   launch(g, extents({out_shape[3], out_shape[2], out_shape[1], out_shape[0]}), std::move(args));
+  return out;
+}
+
+// The kernels count a window's place in its input plane in 32 bits.
+void check_plane(const char* name, const Tensor& x) {
+  OPFORGE_CHECK(x.size(2) <= std::numeric_limits<int32_t>::max() / std::max<int64_t>(x.size(3), 1))
+      << name << ": an input plane of " << x.size(2) << " x " << x.size(3)
+      << " has more than 2^31 - 1 elements, which the indices of its windows cannot count";
+}
+
+// max_pool2d_with_indices' kernel: the windows' maxima and their indices (no recording).
+std::pair<Tensor, Tensor> max_pool_indices_kernel(const Tensor& x_in, const Pool2dOptions& o) {
+  const char* name = "max_pool2d_with_indices";
+  const OpInfo& op = OPFORGE_OP("max_pool2d_with_indices");
+  PoolGeometry geo = pool_geometry(name, x_in, o);
+  check_plane(name, x_in);
+  const KernelGroup& g = window_group(op, x_in.dtype());
+  Tensor x = x_in.to(g.in_dtype).contiguous();
+  Tensor values = Tensor::empty(geo.out, g.out_dtype),
+         indices = Tensor::empty(geo.out, DType::Int64);
+  if (values.numel() == 0) return {place_like(values, {x}), place_like(indices, {x})};
+  KernelArgs args;
+  args.input(view_of(x));
+  args.attrs(op, pool_attrs(o, geo));
+  args.output(view_of(values));
+  args.output(view_of(indices));
+  launch(g, extents({geo.out[3], geo.out[2], geo.out[1], geo.out[0]}), std::move(args));
+  return {values, indices};
+}
+
+// max_pool2d's gradient from the windows' indices: an input of x_shape, each window's gradient at
+// its maximum.
+Tensor max_pool_grad_kernel(const Tensor& grad_in, const Tensor& indices, const Shape& x_shape,
+                            const Pool2dOptions& o) {
+  const OpInfo& op = OPFORGE_OP("max_pool2d_backward");
+  PoolGeometry geo = pool_geometry("max_pool2d_backward", x_shape, o);
+  check_shape("max_pool2d_backward", grad_in, "the gradient", geo.out);
+  check_shape("max_pool2d_backward", indices, "the indices", geo.out);
+  const KernelGroup& g = window_group(op, grad_in.dtype());
+  Tensor out = Tensor::empty(x_shape, g.out_dtype);
+  if (out.numel() == 0) return place_like(out, {grad_in});
+  if (indices.numel() == 0) return place_like(Tensor::zeros(x_shape, g.out_dtype), {grad_in});
+  Tensor grad = grad_in.to(g.in_dtype).contiguous(), idx = indices.contiguous();
+  KernelArgs args;
+  args.input(view_of(grad));
+  args.input(view_of(idx));
+  AttrValues attrs = pool_attrs(o, geo);
+  attrs.push_back(double(x_shape[3]));
+  args.attrs(op, attrs);
+  args.output(view_of(out));
+  launch(g, extents({x_shape[3], x_shape[2], x_shape[1], x_shape[0]}), std::move(args));
   return out;
 }
 
@@ -302,15 +364,38 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
-  return pool("max_pool2d", "max_pool2d_backward", x, o, false);
+  if (autograd::wants_grad({x})) return max_pool2d_with_indices(x, o).first;
+  return pool_kernel("max_pool2d", x, {}, o, false);
+}
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& o) {
+  Tensor indices;
+  Tensor values = autograd::differentiable(
+      "max_pool2d", {x},
+      [&] {
+        auto [v, i] = max_pool_indices_kernel(x, o);
+        indices = i;
+        return v;
+      },
+      [&](const Tensor&) {
+        return [si = autograd::SavedTensor(indices), xs = x.shape(), xd = x.dtype(),
+                o](const std::vector<Tensor>& g) {
+          Tensor i = si.unpack("max_pool2d");
+          return std::vector<Tensor>{max_pool_grad_kernel(g[0], i, xs, o).to(xd)};
+        };
+      });
+  return {values, indices};
 }
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
   return pool("avg_pool2d", "avg_pool2d_backward", x, o, true);
 }
 Tensor max_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
-  check_first_order("max_pool2d_backward", {x, grad});
-  check_image("max_pool2d_backward", grad, "the gradient", "NCHW");
-  return pool_kernel("max_pool2d_backward", x, grad, o, false);
+  const char* name = "max_pool2d_backward";
+  check_first_order(name, {x, grad});
+  check_image(name, grad, "the gradient", "NCHW");
+  PoolGeometry geo = pool_geometry(name, x, o);
+  check_shape(name, grad, "the gradient", geo.out);
+  Tensor indices = max_pool_indices_kernel(x, o).second;
+  return max_pool_grad_kernel(grad, indices, x.shape(), o);
 }
 Tensor avg_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
   check_first_order("avg_pool2d_backward", {x, grad});

@@ -27,6 +27,9 @@ inline Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tens
 inline Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
   return opforge::max_pool2d(x, o);
 }
+inline std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& o) {
+  return opforge::max_pool2d_with_indices(x, o);
+}
 inline Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
   return opforge::avg_pool2d(x, o);
 }

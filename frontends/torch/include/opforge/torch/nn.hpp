@@ -160,7 +160,7 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true, DType dtype = DType::Float32);
   Tensor forward(const Tensor& x) override;
-  std::string name() const override { return "BatchNorm2d"; }
+  std::string name() const override { return sync_ ? "SyncBatchNorm" : "BatchNorm2d"; }
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
   // A part of a batch: its values per channel, and their mean and unbiased variance (the values
@@ -176,7 +176,11 @@ class BatchNorm2d : public Module {
   void update_running_stats(const std::vector<RowStats>& parts);
 
  protected:
+  Tensor sync_forward(const Tensor& x);  // SyncBatchNorm's (sync_batch_norm.cpp)
   double eps_, momentum_;
+  // Normalises over every MPI rank's batch: a SyncBatchNorm, or a BatchNorm2d converted to one.
+  bool sync_ = false;
+  friend class SyncBatchNorm;
 };
 
 // Batch normalisation over the batch of every MPI rank (torch.nn.SyncBatchNorm), for inputs
@@ -192,9 +196,17 @@ class BatchNorm2d : public Module {
 // the layer there.
 class SyncBatchNorm : public BatchNorm2d {
  public:
-  using BatchNorm2d::BatchNorm2d;
-  Tensor forward(const Tensor& x) override;
-  std::string name() const override { return "SyncBatchNorm"; }
+  explicit SyncBatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                         bool affine = true, DType dtype = DType::Float32)
+      : BatchNorm2d(num_features, eps, momentum, affine, dtype) {
+    sync_ = true;
+  }
+  // torch.nn.SyncBatchNorm.convert_sync_batchnorm: every BatchNorm2d in module's tree (module
+  // itself included) normalises as a SyncBatchNorm from then on, its parameters, buffers and
+  // training mode kept. The layers stay the same objects (of C++ type BatchNorm2d, named
+  // "SyncBatchNorm"), so a module that calls its layers through members of its own, as C++
+  // modules do, runs the converted ones. Returns module.
+  static Module& convert_sync_batchnorm(Module& module);
 };
 
 // Normalises over the trailing dims; weight 1 and bias 0 to start with (elementwise_affine).
