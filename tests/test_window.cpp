@@ -330,6 +330,38 @@ TEST_P(PoolTest, MaxPoolGradientFromSavedIndices) {
   }
 }
 
+// max_unpool2d puts each window's maximum back where its index says, zeros elsewhere (PyTorch's);
+// its gradient is the output's gradient at those places. Bad indices and sizes are refused.
+TEST_P(PoolTest, MaxUnpoolUndoesThePoolsSelection) {
+  DType dt = GetParam();
+  Tensor x = random({2, 3, 6, 7}, dt, Data::Normal, "unpool");
+  opforge::Pool2dOptions o;  // 2x2, stride 2: 3 x 3 windows (x's last column in none)
+  auto [y, at] = opforge::max_pool2d_with_indices(x, o);
+  Tensor yg = y.detach().requires_grad_();
+  // Planes of x's 6 x 7, where the indices count (the options alone give 6 x 6).
+  Tensor u = opforge::max_unpool2d(yg, at, o, std::array<int64_t, 2>{6, 7});
+  ASSERT_EQ(u.shape(), x.shape());
+  std::vector<double> want(size_t(x.numel()), 0.0), iv = at.to_double_vector(),
+                                                    yv = y.to_double_vector();
+  for (size_t p = 0; p < 6; p++)
+    for (size_t k = 0; k < 9; k++) want[p * 42 + size_t(iv[p * 9 + k])] = yv[p * 9 + k];
+  EXPECT_EQ(u.to_double_vector(), want);
+  Tensor g = random(u.shape(), dt, Data::Normal, "unpool g");
+  u.backward(g);
+  std::vector<double> gv = g.to_double_vector(), want_g(yv.size());
+  for (size_t p = 0; p < 6; p++)
+    for (size_t k = 0; k < 9; k++) want_g[p * 9 + k] = gv[p * 42 + size_t(iv[p * 9 + k])];
+  EXPECT_EQ(yg.grad().to_double_vector(), want_g);
+  // The default size, and sizes and indices it refuses.
+  auto [y6, at6] = opforge::max_pool2d_with_indices(x.slice(3, 0, 6), o);
+  EXPECT_EQ(opforge::max_unpool2d(y6, at6, o).shape(), (Shape{2, 3, 6, 6}));
+  EXPECT_OPFORGE_ERROR(opforge::max_unpool2d(y, at, o, std::array<int64_t, 2>{9, 6}),
+                       "max_unpool2d", "height");
+  EXPECT_OPFORGE_ERROR(opforge::max_unpool2d(y6, opforge::add(at6, 100.0).to(DType::Int64), o),
+                       "max_unpool2d", "invalid index");
+  EXPECT_OPFORGE_ERROR(opforge::max_unpool2d(y, at.to(dt), o), "max_unpool2d", "int64");
+}
+
 TEST_P(PoolTest, NonContiguousInput) {
   DType dt = GetParam();
   Tensor x =

@@ -159,6 +159,13 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
 // PyTorch's return_indices=True). Under autograd max_pool2d runs this and its gradient reads the
 // indices, as PyTorch's does.
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& o);
+// PyTorch's max_unpool2d: x (N, C, OH, OW) written into zeros of (N, C, H, W) at `indices` (int64,
+// x's shape, into each H * W plane, as max_pool2d_with_indices gives them); H, W from the pool's
+// options ((OH - 1) * stride - 2 * padding + kernel), or output_size (within a stride of that).
+// An index outside its plane is an Error. Where two windows name one point (overlapping windows),
+// their values are summed (PyTorch keeps one of them). Differentiable in x.
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, const Pool2dOptions& o,
+                    std::optional<std::array<int64_t, 2>> output_size = std::nullopt);
 // PyTorch's conv_transpose2d: weight (in_channels, out_channels/groups, kH, kW); the output is
 // (N, out_channels, (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1,
 // ...).

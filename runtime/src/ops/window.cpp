@@ -403,4 +403,45 @@ Tensor avg_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOpti
   return pool_kernel("avg_pool2d_backward", x, grad, o, true);
 }
 
+Tensor max_unpool2d(const Tensor& x, const Tensor& indices, const Pool2dOptions& o,
+                    std::optional<std::array<int64_t, 2>> output_size) {
+  const char* op = "max_unpool2d";
+  check_image(op, x, "input", "NCHW");
+  OPFORGE_CHECK(indices.defined() && indices.dtype() == DType::Int64)
+      << op << ": the indices must be int64 (as max_pool2d_with_indices gives them), got "
+      << (indices.defined() ? std::string(dtype_name(indices.dtype())) : "undefined");
+  check_shape(op, indices, "the indices", x.shape());
+  auto stride = o.stride;
+  for (size_t d = 0; d < 2; d++)
+    if (stride[d] == 0) stride[d] = o.kernel[d];
+  check_positive(op, o.kernel, "kernel", 1);
+  check_positive(op, stride, "stride", 1);
+  check_positive(op, o.padding, "padding", 0);
+  std::array<int64_t, 2> size{};
+  for (size_t d = 0; d < 2; d++) {
+    const char* which = d == 0 ? "height" : "width";
+    int64_t grown = checked_mul(op, "the output size", x.size(int(2 + d)) - 1, stride[d]);
+    int64_t full = checked_add(op, "the output size", grown, o.kernel[d]) - 2 * o.padding[d];
+    size[d] = output_size ? (*output_size)[d] : full;
+    OPFORGE_CHECK(size[d] > full - stride[d] && size[d] < full + stride[d] && size[d] >= 1)
+        << op << ": output " << which << " " << size[d] << " must lie within a stride ("
+        << stride[d] << ") of " << full << ", what the pool's options give";
+  }
+  const int64_t N = x.size(0), C = x.size(1);
+  const int64_t plane = checked_mul(op, "the output plane", size[0], size[1]);
+  const Shape out_shape{N, C, size[0], size[1]};
+  if (x.numel() == 0) return place_like(Tensor::zeros(out_shape, x.dtype()), {x});
+  // PyTorch refuses an index outside its plane: it would land in another image or channel.
+  const double lo = min(indices).to_double_vector()[0], hi = max(indices).to_double_vector()[0];
+  OPFORGE_CHECK(lo >= 0 && hi < double(plane))
+      << op << ": found an invalid index " << int64_t(lo < 0 ? lo : hi) << ", expected 0 to "
+      << plane - 1 << " (output planes of " << size[0] << " x " << size[1] << ")";
+  // Each plane's indices made indices into the whole output, then one index_add.
+  const int64_t planes = N * C;
+  Tensor first = Tensor::arange(0, double(planes) * double(plane), double(plane), DType::Int64);
+  Tensor at = add(indices.reshape({planes, -1}), first.reshape({planes, 1})).reshape({-1});
+  Tensor zeros = place_like(Tensor::zeros({planes * plane}, x.dtype()), {x});
+  return index_add(zeros, 0, at, x.reshape({-1})).reshape(out_shape);
+}
+
 }  // namespace opforge

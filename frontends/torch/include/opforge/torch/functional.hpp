@@ -30,6 +30,10 @@ inline Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o) {
 inline std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& o) {
   return opforge::max_pool2d_with_indices(x, o);
 }
+inline Tensor max_unpool2d(const Tensor& x, const Tensor& indices, const Pool2dOptions& o,
+                           std::optional<std::array<int64_t, 2>> output_size = std::nullopt) {
+  return opforge::max_unpool2d(x, indices, o, output_size);
+}
 inline Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
   return opforge::avg_pool2d(x, o);
 }
