@@ -73,10 +73,6 @@ Pipeline build(const Op& op, hana::basic_type<T>) requires(Op::family == Family:
   p.acc = ao.acc;
   p.out = ao.out;
   p.vars = {a.w, a.h, a.c, a.n};
-  // What else accumulates (a helper reduction of the op's own): schedules place it.
-  for (const auto& [name, f] : Halide::Internal::find_transitive_calls(p.out.function()))
-    if (name != p.out.name() && name != p.acc.name() && f.has_update_definition())
-      p.reductions.emplace_back(f);
   p.set_estimates = [p, kind](int64_t size) mutable {
     // size: spatial extent; 16 channels, batch 1, 3x3 kernels, stride 1, padding 1
     int32_t s = int32_t(size);

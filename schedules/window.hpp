@@ -217,10 +217,9 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
   if (small || !conv) {
     // Image planes in groups of channels of one image, about 2^12 outputs a group (7 planes of a
     // 24 x 24 gradient, 28 of a 12 x 12 pool, 64 of an 8 x 8 one): what the output reads (the
-    // image with its zero border, any other accumulation of the op) is computed per group,
-    // so it stays in the first-level cache and a small plane does not pay a loop nest's set-up
-    // alone. A parallel task is several groups: one small plane is less work than handing a task
-    // to a thread costs.
+    // image with its zero border) is computed per group, so it stays in the first-level cache and a
+    // small plane does not pay a loop nest's set-up alone. A parallel task is several groups: one
+    // small plane is less work than handing a task to a thread costs.
     Halide::OutputImageParam ob = p.out.output_buffers()[0];
     Expr plane = ob.dim(0).extent() * ob.dim(1).extent();
     Expr per_group = Halide::max(1, 4096 / Halide::max(plane, 1));
@@ -230,15 +229,9 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
         .fuse(co, n, task)
         .split(task, task, group, iterations_per_task(plane * per_group), TailStrategy::GuardWithIf)
         .parallel(task);
-    // Intermediate results are rounded up to whole vectors (a pool's 12 windows a row are two
-    // vectors of 8, not one and a predicated tail, which costs more than the vector); the output
-    // overlaps its last vector with the one before instead (a whole vector where the row is that
-    // wide, else half of one), or guards it where the row is narrower still.
-    for (Func& f : p.reductions) {
-      std::vector<Var> fv = f.args();
-      f.compute_at(p.out, group).vectorize(fv[0], v, TailStrategy::RoundUp);
-      f.update(0).vectorize(fv[0], v, TailStrategy::RoundUp);
-    }
+    // The output overlaps its last vector with the one before (a whole vector where the row is
+    // that wide, else half of one), or guards it where the row is narrower still: a predicated
+    // tail costs more than the vector.
     // The pools' geometry is a run-time attribute: the common 2x2 pool of stride 2 gets branches
     // of its own, where the windows' positions are shifts rather than divisions and the loops
     // over taps and windows have constant extents.
@@ -258,19 +251,16 @@ inline std::vector<int64_t> manual_window(gen::Pipeline& p, const Halide::Target
     widths(std::nullopt);
     p.out.vectorize(w, v, TailStrategy::GuardWithIf);
     if (conv) return {};
-    // The image with its zero border, once per group: the taps then load vectors rather than
-    // clamp each lane.
+    // The image with its zero border, once per group and rounded up to whole vectors: the taps
+    // then load vectors rather than clamp each lane.
     if (p.padded.defined()) {  // (a gradient from saved indices reads no image)
       std::vector<Var> pv = p.padded.args();
       p.padded.compute_at(p.out, group).vectorize(pv[0], v, TailStrategy::RoundUp);
     }
-    auto unrolled_taps = [&](Func& f) {
-      auto r = f.rvars(0);
-      Stage s = f.update(0).specialize(two);
-      for (const Halide::RVar& rv : r) s.unroll(rv);
-    };
-    if (p.acc.has_update_definition()) unrolled_taps(p.acc);
-    for (Func& f : p.reductions) unrolled_taps(f);
+    if (p.acc.has_update_definition()) {  // the 2x2 pool's taps unrolled
+      Stage s = p.acc.update(0).specialize(two);
+      for (const Halide::RVar& rv : p.acc.rvars(0)) s.unroll(rv);
+    }
     return {};
   }
   // Register tile: `lanes` along w x 8 output channels; the reduction over (kx, ky, ci) runs

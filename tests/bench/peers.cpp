@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -528,6 +529,23 @@ BenchResult step_against_torch(const std::string& name, const Fn& ours, const Te
   return make_result(name, "us/call", t[0] * 1e6, peer_name, t[1] * 1e6);
 }
 
+#ifdef OPFORGE_HAVE_LIBTORCH
+// step_against_torch's peer: libtorch's training step `step` (torch_peer.hpp) on x's values, of
+// x's shape, with gradient g.
+template <size_t R>
+TorchStep libtorch_step(std::function<void()> (*step)(const std::vector<float>&,
+                                                      const std::vector<float>&,
+                                                      std::array<int64_t, R>, int,
+                                                      std::vector<float>&),
+                        const Tensor& x, const Tensor& g) {
+  return [step, &x, &g](int threads, std::vector<float>& theirs_y) {
+    std::array<int64_t, R> shape{};
+    std::copy_n(x.shape().begin(), R, shape.begin());
+    return step(float_values(x.detach()), float_values(g), shape, threads, theirs_y);
+  };
+}
+#endif
+
 // One training step of layer normalisation over rows of 1024 (a transformer's hidden size), 512
 // rows: the forward and the backward for x, the weight and the bias, against libtorch's
 // torch::layer_norm and autograd with the same threads.
@@ -549,10 +567,7 @@ BenchResult bench_layer_norm_step(const BenchOptions& o) {
   check_shape(name, y, shape);
   TorchStep theirs;
 #ifdef OPFORGE_HAVE_LIBTORCH
-  theirs = [&](int threads, std::vector<float>& theirs_y) {
-    return torch_layer_norm_step(float_values(x.detach()), float_values(g), {512, 1024}, threads,
-                                 theirs_y);
-  };
+  theirs = libtorch_step(torch_layer_norm_step, x, g);
 #endif
   return step_against_torch(name, ours, y, "libtorch_layer_norm", theirs, o);
 }
@@ -580,10 +595,7 @@ BenchResult bench_batch_norm_step(const BenchOptions& o) {
   check_shape(name, y, shape);
   TorchStep theirs;
 #ifdef OPFORGE_HAVE_LIBTORCH
-  theirs = [&](int threads, std::vector<float>& theirs_y) {
-    return torch_batch_norm_step(float_values(x.detach()), float_values(g), {128, 32, 24, 24},
-                                 threads, theirs_y);
-  };
+  theirs = libtorch_step(torch_batch_norm_step, x, g);
 #endif
   return step_against_torch(name, ours, y, "libtorch_batch_norm", theirs, o);
 }
@@ -607,10 +619,7 @@ BenchResult bench_max_pool2d_step(const BenchOptions& o) {
   check_shape(name, y, {128, 32, 12, 12});
   TorchStep theirs;
 #ifdef OPFORGE_HAVE_LIBTORCH
-  theirs = [&](int threads, std::vector<float>& theirs_y) {
-    return torch_max_pool2d_step(float_values(x.detach()), float_values(g), {128, 32, 24, 24},
-                                 threads, theirs_y);
-  };
+  theirs = libtorch_step(torch_max_pool2d_step, x, g);
 #endif
   return step_against_torch(name, ours, y, "libtorch_max_pool2d", theirs, o);
 }

@@ -111,13 +111,19 @@ struct PoolGeometry {
   std::array<int64_t, 2> stride;
   Shape out;
 };
-PoolGeometry pool_geometry(const char* name, const Shape& x, const Pool2dOptions& o) {
+// A pool's stride (0: the kernel size), its options checked.
+std::array<int64_t, 2> pool_stride(const char* name, const Pool2dOptions& o) {
   auto stride = o.stride;
-  if (stride[0] == 0) stride[0] = o.kernel[0];
-  if (stride[1] == 0) stride[1] = o.kernel[1];
+  for (size_t d = 0; d < 2; d++)
+    if (stride[d] == 0) stride[d] = o.kernel[d];
   check_positive(name, o.kernel, "kernel", 1);
   check_positive(name, stride, "stride", 1);
   check_positive(name, o.padding, "padding", 0);
+  return stride;
+}
+
+PoolGeometry pool_geometry(const char* name, const Shape& x, const Pool2dOptions& o) {
+  const auto stride = pool_stride(name, o);
   OPFORGE_CHECK(o.padding[0] * 2 <= o.kernel[0] && o.padding[1] * 2 <= o.kernel[1])
       << name << ": padding must be at most half the kernel size, got padding (" << o.padding[0]
       << ", " << o.padding[1] << ") for kernel (" << o.kernel[0] << ", " << o.kernel[1] << ")";
@@ -171,9 +177,10 @@ void check_plane(const char* name, const Tensor& x) {
       << " has more than 2^31 - 1 elements, which the indices of its windows cannot count";
 }
 
-// max_pool2d_with_indices' kernel: the windows' maxima and their indices (no recording).
-std::pair<Tensor, Tensor> max_pool_indices_kernel(const Tensor& x_in, const Pool2dOptions& o) {
-  const char* name = "max_pool2d_with_indices";
+// max_pool2d_with_indices' kernel: the windows' maxima and their indices (no recording); `name`
+// is the op that errors name.
+std::pair<Tensor, Tensor> max_pool_indices_kernel(const char* name, const Tensor& x_in,
+                                                  const Pool2dOptions& o) {
   const OpInfo& op = OPFORGE_OP("max_pool2d_with_indices");
   PoolGeometry geo = pool_geometry(name, x_in, o);
   check_plane(name, x_in);
@@ -202,7 +209,6 @@ Tensor max_pool_grad_kernel(const Tensor& grad_in, const Tensor& indices, const 
   const KernelGroup& g = window_group(op, grad_in.dtype());
   Tensor out = Tensor::empty(x_shape, g.out_dtype);
   if (out.numel() == 0) return place_like(out, {grad_in});
-  if (indices.numel() == 0) return place_like(Tensor::zeros(x_shape, g.out_dtype), {grad_in});
   Tensor grad = grad_in.to(g.in_dtype).contiguous(), idx = indices.contiguous();
   KernelArgs args;
   args.input(view_of(grad));
@@ -213,20 +219,6 @@ Tensor max_pool_grad_kernel(const Tensor& grad_in, const Tensor& indices, const 
   args.output(view_of(out));
   launch(g, extents({x_shape[3], x_shape[2], x_shape[1], x_shape[0]}), std::move(args));
   return out;
-}
-
-// A pool recorded for autograd: its gradient is the pool's backward op on the saved input.
-Tensor pool(const char* name, const char* backward, const Tensor& x, const Pool2dOptions& o,
-            bool avg) {
-  return autograd::differentiable(
-      name, {x}, [&] { return pool_kernel(name, x, {}, o, avg); },
-      [&](const Tensor&) {
-        return
-            [sx = autograd::SavedTensor(x), name, backward, o, avg](const std::vector<Tensor>& g) {
-              Tensor x = sx.unpack(name);
-              return std::vector<Tensor>{pool_kernel(backward, x, g[0], o, avg).to(x.dtype())};
-            };
-      });
 }
 
 // The gradients an op's backward needs: an Error if one of them asks for a gradient itself (a
@@ -372,7 +364,7 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dO
   Tensor values = autograd::differentiable(
       "max_pool2d", {x},
       [&] {
-        auto [v, i] = max_pool_indices_kernel(x, o);
+        auto [v, i] = max_pool_indices_kernel("max_pool2d_with_indices", x, o);
         indices = i;
         return v;
       },
@@ -386,15 +378,21 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dO
   return {values, indices};
 }
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o) {
-  return pool("avg_pool2d", "avg_pool2d_backward", x, o, true);
+  return autograd::differentiable(
+      "avg_pool2d", {x}, [&] { return pool_kernel("avg_pool2d", x, {}, o, true); },
+      [&](const Tensor&) {
+        return [sx = autograd::SavedTensor(x), o](const std::vector<Tensor>& g) {
+          Tensor x = sx.unpack("avg_pool2d");
+          return std::vector<Tensor>{
+              pool_kernel("avg_pool2d_backward", x, g[0], o, true).to(x.dtype())};
+        };
+      });
 }
 Tensor max_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
   const char* name = "max_pool2d_backward";
   check_first_order(name, {x, grad});
   check_image(name, grad, "the gradient", "NCHW");
-  PoolGeometry geo = pool_geometry(name, x, o);
-  check_shape(name, grad, "the gradient", geo.out);
-  Tensor indices = max_pool_indices_kernel(x, o).second;
+  Tensor indices = max_pool_indices_kernel(name, x, o).second;
   return max_pool_grad_kernel(grad, indices, x.shape(), o);
 }
 Tensor avg_pool2d_backward(const Tensor& x, const Tensor& grad, const Pool2dOptions& o) {
@@ -411,12 +409,7 @@ Tensor max_unpool2d(const Tensor& x, const Tensor& indices, const Pool2dOptions&
       << op << ": the indices must be int64 (as max_pool2d_with_indices gives them), got "
       << (indices.defined() ? std::string(dtype_name(indices.dtype())) : "undefined");
   check_shape(op, indices, "the indices", x.shape());
-  auto stride = o.stride;
-  for (size_t d = 0; d < 2; d++)
-    if (stride[d] == 0) stride[d] = o.kernel[d];
-  check_positive(op, o.kernel, "kernel", 1);
-  check_positive(op, stride, "stride", 1);
-  check_positive(op, o.padding, "padding", 0);
+  const auto stride = pool_stride(op, o);
   std::array<int64_t, 2> size{};
   for (size_t d = 0; d < 2; d++) {
     const char* which = d == 0 ? "height" : "width";
