@@ -98,8 +98,7 @@ inline std::vector<int64_t> manual_contraction(gen::Pipeline& p, const Halide::T
     // 128 x 784 x 512: 869 -> 626 us).
     Func bp = p.inputs[1].in(p.acc);
     bp.compute_at(p.out, tile).vectorize(bp.args()[0], v).unroll(bp.args()[0]);
-  }
-  if (packed) {
+  } else {
     // Copy B once per call into rows padded off powers of two: a B panel whose rows lie 2^k floats
     // apart maps to a few cache sets and thrashes (measured at 2048: 0.47x OpenBLAS unpacked,
     // 0.67x packed). The copy costs more than it saves on small products, so both variants exist.
