@@ -153,4 +153,46 @@ TEST(LogicalCpu, UtilizationIsThePoolsBusyTime) {
   EXPECT_LT(idle, 5.0);
 }
 
+// A device of several cores: its queue's thread runs tasks of each parallel loop beside the pool's
+// workers (one worker fewer is woken). ctest runs this with OPFORGE_CPU_DEVICES="0-1".
+TEST(LogicalCpuWide, TheQueueThreadAndTheWorkersShareEachLoop) {
+  const auto& all = devices();
+  if (!configured() || all.empty() || all[0].cores < 2 ||
+      (all.size() > 1 && all[1].device.kind == DeviceKind::cpu))
+    GTEST_SKIP() << "needs one logical CPU device of two cores or more";
+  Generator g(17);
+  for (int64_t n : {1, 3, 64, 200}) {
+    Tensor a = Tensor::randn({n, 96}, DType::Float64, g),
+           b = Tensor::randn({96, n}, DType::Float64, g);
+    const int64_t before = tasks_of(0);
+    Tensor got;
+    {
+      DefaultDevice scope("cpu:0");
+      got = matmul(a, b);
+    }
+    std::vector<double> av = a.to_double_vector(), bv = b.to_double_vector(),
+                        gv = got.to_double_vector();
+    ASSERT_EQ(gv.size(), size_t(n * n));
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t j = 0; j < n; j++) {
+        long double want = 0;
+        for (int64_t k = 0; k < 96; k++)
+          want += (long double)av[size_t(i * 96 + k)] * bv[size_t(k * n + j)];
+        EXPECT_NEAR(gv[size_t(i * n + j)], double(want), 1e-11) << n << ": " << i << ", " << j;
+      }
+    EXPECT_GE(tasks_of(0), before) << n;
+  }
+  Tensor x = Tensor::rand({1 << 20}, DType::Float32, g);
+  const int64_t before = tasks_of(0);
+  Tensor y;
+  {
+    DefaultDevice scope("cpu:0");
+    y = add(mul(x, 3.0), 1.0);
+  }
+  std::vector<float> xv = x.to_vector<float>(), yv = y.to_vector<float>();
+  for (size_t i = 0; i < xv.size(); i++) ASSERT_FLOAT_EQ(yv[i], xv[i] * 3.0f + 1.0f) << i;
+  EXPECT_GT(tasks_of(0), before);  // a million elements run as a parallel loop
+  for (const auto& s : device_stats()) EXPECT_EQ(s.foreign_core_tasks, 0) << s.device.str();
+}
+
 }  // namespace

@@ -30,7 +30,8 @@ struct CpuPool::Job {
   uint8_t* closure;
   int min, size;
   std::atomic<int> next{0}, finished{0}, result{0};
-  int active = 0;  // workers holding this job; guarded by the pool's mutex
+  int active = 0;   // workers holding this job; guarded by the pool's mutex
+  int helpers = 0;  // workers that may still take it up; guarded by the pool's mutex
 };
 
 CpuPool::CpuPool(std::vector<int> cores) : cores_(std::move(cores)) {
@@ -57,6 +58,24 @@ std::vector<int> CpuPool::thread_ids() const {
   return tids_;
 }
 
+void CpuPool::run_tasks(Job& job) {
+  auto t0 = std::chrono::steady_clock::now();
+  int done = 0;
+  for (int i; (i = job.next.fetch_add(1)) < job.size; done++) {
+    int cpu = sched_getcpu();
+    bool mine = false;
+    for (int c : cores_) mine |= c == cpu;
+    if (!mine) foreign_++;
+    int r = job.f(job.ctx, job.min + i, job.closure);
+    if (r != 0) job.result.store(r);
+  }
+  tasks_ += done;
+  busy_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  job.finished.fetch_add(done);
+}
+
 void CpuPool::worker() {
   current_pool = this;
   {
@@ -68,27 +87,14 @@ void CpuPool::worker() {
     Job* job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || (job_ && job_serial_ != seen); });
+      wake_.wait(lock, [&] { return stop_ || (job_ && job_serial_ != seen && job_->helpers > 0); });
       if (stop_) return;
       job = job_;
       seen = job_serial_;
+      job->helpers--;
       job->active++;
     }
-    auto t0 = std::chrono::steady_clock::now();
-    int done = 0;
-    for (int i; (i = job->next.fetch_add(1)) < job->size; done++) {
-      int cpu = sched_getcpu();
-      bool mine = false;
-      for (int c : cores_) mine |= c == cpu;
-      if (!mine) foreign_++;
-      int r = job->f(job->ctx, job->min + i, job->closure);
-      if (r != 0) job->result.store(r);
-    }
-    tasks_ += done;
-    busy_ns_ +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
-    job->finished.fetch_add(done);
+    run_tasks(*job);
     {
       // The job lives on the caller's stack: it may return only once no worker holds it.
       std::lock_guard<std::mutex> lock(mu_);
@@ -96,6 +102,20 @@ void CpuPool::worker() {
     }
     done_.notify_all();
   }
+}
+
+bool CpuPool::caller_on_cores() const {
+  // Cached per thread: a thread's affinity is set once, when it is made (the device queues').
+  thread_local const CpuPool* checked = nullptr;
+  thread_local bool inside = false;
+  if (checked == this) return inside;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  inside = pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+  for (int c = 0; inside && c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &set)) inside = std::find(cores_.begin(), cores_.end(), c) != cores_.end();
+  checked = this;
+  return inside;
 }
 
 int CpuPool::parallel_for(void* ctx, int (*f)(void*, int, uint8_t*), int min, int size,
@@ -116,12 +136,31 @@ int CpuPool::parallel_for(void* ctx, int (*f)(void*, int, uint8_t*), int min, in
   job.closure = closure;
   job.min = min;
   job.size = size;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &job;
-    job_serial_++;
+  // A caller pinned to the device's cores (its queue's thread) runs tasks too, and wakes one
+  // worker fewer: on a one-core device no worker at all. Each hand-off is a wake-up, and on a core
+  // another process keeps busy a woken thread can wait out that process's time slice.
+  const bool join = caller_on_cores();
+  const int threads = int(threads_.size()) - (join ? 1 : 0);
+  const int helpers = std::max(0, std::min(threads, join ? size - 1 : size));
+  job.helpers = helpers;
+  if (helpers > 0) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      job_serial_++;
+    }
+    if (helpers == int(threads_.size()))
+      wake_.notify_all();
+    else
+      for (int k = 0; k < helpers; k++) wake_.notify_one();
   }
-  wake_.notify_all();
+  if (join) {
+    const CpuPool* before = current_pool;
+    current_pool = this;
+    run_tasks(job);
+    current_pool = before;
+  }
+  if (helpers == 0) return job.result.load();  // the caller ran every task
   std::unique_lock<std::mutex> lock(mu_);
   done_.wait(lock, [&] { return job.finished.load() == size && job.active == 0; });
   job_ = nullptr;

@@ -30,6 +30,8 @@ class CpuPool {
  private:
   struct Job;
   void worker();
+  void run_tasks(Job& job);
+  bool caller_on_cores() const;  // the calling thread may run only on this pool's cores
   std::vector<int> cores_;
   std::vector<std::thread> threads_;
   std::vector<int> tids_;
