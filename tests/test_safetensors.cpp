@@ -2,9 +2,11 @@
 // (and the reference writer produces), and a clear Error for each kind of broken file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,76 @@ TEST(Safetensors, ReadsWhatOtherWritersWrite) {
   EXPECT_EQ(f.tensors.at("bias").item(), -0.125);
 }
 
+// A file PyTorch wrote with half-precision and small integer tensors
+// (fixtures/make_narrow_dtypes.py) loads widened, every element equal to the exact value PyTorch
+// stored beside it: signed zeros, subnormals, the largest finite values, infinities and NaN
+// included.
+TEST(Safetensors, NarrowDtypesFromPyTorchLoadWidenedExactly) {
+  opforge::SafetensorsFile f =
+      opforge::load_safetensors(std::string(OPFORGE_FIXTURES_DIR) + "/narrow_dtypes.safetensors");
+  const std::map<std::string, std::pair<opforge::DType, std::string>> widened = {
+      {"f16", {opforge::DType::Float32, "F16"}}, {"bf16", {opforge::DType::Float32, "BF16"}},
+      {"i8", {opforge::DType::Int32, "I8"}},     {"u8", {opforge::DType::Int32, "U8"}},
+      {"i16", {opforge::DType::Int32, "I16"}},   {"u16", {opforge::DType::Int32, "U16"}},
+      {"u32", {opforge::DType::Int64, "U32"}}};
+  EXPECT_EQ(f.stored_dtypes.size(), widened.size());
+  for (const auto& [name, want] : widened) {
+    SCOPED_TRACE(name);
+    const opforge::Tensor& t = f.tensors.at(name);
+    const opforge::Tensor& ref = f.tensors.at(name + ".ref");
+    EXPECT_EQ(t.dtype(), want.first);
+    EXPECT_EQ(f.stored_dtypes.at(name), want.second);
+    EXPECT_EQ(f.stored_dtypes.count(name + ".ref"), 0u);  // F64 and I64 are read as they are
+    ASSERT_EQ(t.shape(), ref.shape());
+    std::vector<double> got = t.to_double_vector(), exact = ref.to_double_vector();
+    for (size_t i = 0; i < got.size(); i++) {
+      if (std::isnan(exact[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+        continue;
+      }
+      EXPECT_EQ(got[i], exact[i]) << i;
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(exact[i])) << i;
+    }
+  }
+  // The cases the fixture was made for are there: a float16 subnormal and 65504, a bfloat16
+  // subnormal, uint32's largest value.
+  const std::vector<double> f16 = f.tensors.at("f16").to_double_vector(),
+                            bf16 = f.tensors.at("bf16").to_double_vector(),
+                            u32 = f.tensors.at("u32").to_double_vector();
+  EXPECT_EQ(f16[4], 65504.0);
+  EXPECT_EQ(f16[7], std::ldexp(1.0, -24));
+  EXPECT_EQ(bf16[6], std::ldexp(1.0, -133));
+  EXPECT_EQ(u32[6], 4294967295.0);
+}
+
+// The widening by the format's bytes, without PyTorch: float16 0x0001 (2^-24), 0x7bff (65504),
+// 0x8000 (-0), 0xfc00 (-inf), 0x7e00 (NaN), 0x3555 (0.33325195...); bfloat16 0x3f80 (1) and
+// 0x0001 (2^-133).
+TEST(Safetensors, HalfPrecisionBitsWidenAsTheFormatDefines) {
+  const unsigned char f16[] = {0x01, 0x00, 0xff, 0x7b, 0x00, 0x80,
+                               0x00, 0xfc, 0x00, 0x7e, 0x55, 0x35};
+  const unsigned char bf16[] = {0x80, 0x3f, 0x01, 0x00};
+  std::string path = temp_path("half.safetensors");
+  write_bytes(path, file_of(R"({"h":{"dtype":"F16","shape":[6],"data_offsets":[0,12]},)"
+                            R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[12,16]}})",
+                            std::string(reinterpret_cast<const char*>(f16), 12) +
+                                std::string(reinterpret_cast<const char*>(bf16), 4)));
+  opforge::SafetensorsFile f = opforge::load_safetensors(path);
+  std::vector<double> h = f.tensors.at("h").to_double_vector();
+  EXPECT_EQ(h[0], std::ldexp(1.0, -24));
+  EXPECT_EQ(h[1], 65504.0);
+  EXPECT_TRUE(h[2] == 0.0 && std::signbit(h[2]));
+  EXPECT_TRUE(std::isinf(h[3]) && h[3] < 0);
+  EXPECT_TRUE(std::isnan(h[4]));
+  EXPECT_EQ(h[5], 1365.0 / 4096.0);
+  EXPECT_EQ(f.tensors.at("b").to_double_vector(),
+            (std::vector<double>{1.0, std::ldexp(1.0, -133)}));
+  // Written back, they are float32.
+  std::string again = temp_path("half_again.safetensors");
+  opforge::save_safetensors(again, f.tensors);
+  EXPECT_EQ(opforge::load_safetensors(again).tensors.at("h").dtype(), opforge::DType::Float32);
+}
+
 TEST(Safetensors, BrokenFilesAreClearErrors) {
   std::string path = temp_path("broken.safetensors");
   auto load_error = [&](const std::string& bytes) {
@@ -128,9 +200,12 @@ TEST(Safetensors, BrokenFilesAreClearErrors) {
   EXPECT_NE(load_error(std::string(8, '\xff')).find("runs past the file"), std::string::npos);
   EXPECT_NE(load_error(file_of("{not json", "")).find("not valid JSON"), std::string::npos);
   EXPECT_NE(load_error(file_of("[1,2]", "")).find("not a JSON object"), std::string::npos);
-  std::string m = load_error(
-      file_of(R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0')));
-  EXPECT_NE(m.find("dtype BF16"), std::string::npos) << m;
+  std::string m = load_error(file_of(
+      R"({"x":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", std::string(2, '\0')));
+  EXPECT_NE(m.find("dtype F8_E4M3"), std::string::npos) << m;
+  m = load_error(  // two bytes an element, not four
+      file_of(R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0')));
+  EXPECT_NE(m.find("BF16 needs 4"), std::string::npos) << m;
   m = load_error(
       file_of(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0')));
   EXPECT_NE(m.find("needs 12"), std::string::npos) << m;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,12 +28,83 @@ static_assert(std::size(kStDtypes) == std::size(kAllDTypes));
 
 const char* st_dtype(DType d) { return kStDtypes[size_t(d)]; }
 
-DType from_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
+// How a stored dtype is read: opforge's own dtypes as they are; PyTorch's narrower ones widened
+// to the opforge dtype that holds every value exactly (half precision to float32, small integers
+// to int32, U32 to int64).
+struct StoredDtype {
+  DType dtype;       // what the tensor becomes
+  int bytes;         // per stored element
+  const char* name;  // the safetensors name
+};
+constexpr StoredDtype kNarrow[] = {{DType::Float32, 2, "F16"}, {DType::Float32, 2, "BF16"},
+                                   {DType::Int32, 1, "I8"},    {DType::Int32, 1, "U8"},
+                                   {DType::Int32, 2, "I16"},   {DType::Int32, 2, "U16"},
+                                   {DType::Int64, 4, "U32"}};
+
+StoredDtype from_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
   for (DType d : kAllDTypes)
-    if (s == st_dtype(d)) return d;
+    if (s == st_dtype(d)) return {d, int(dtype_size(d)), st_dtype(d)};
+  for (const StoredDtype& n : kNarrow)
+    if (s == n.name) return n;
   OPFORGE_CHECK(false) << path << ": tensor '" << name << "' has dtype " << s
-                       << ", which opforge does not hold (expected BOOL, I32, I64, F32 or F64)";
-  return DType::Float32;
+                       << ", which opforge cannot hold (expected BOOL, I32, I64, F32 or F64, or "
+                          "F16, BF16, I8, U8, I16, U16, U32, read widened)";
+  return {};
+}
+
+// IEEE binary16 to binary32, exactly: subnormals become normal floats, infinities and NaNs keep
+// their sign and payload.
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    const float v = std::ldexp(float(mant), -24);  // zero or a subnormal: mant * 2^-24
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Widens n stored elements of a narrow dtype into `out`, a tensor of n.dtype.
+void widen(const StoredDtype& d, const std::vector<unsigned char>& raw, Tensor& out) {
+  const size_t count = raw.size() / size_t(d.bytes);
+  const std::string name = d.name;
+  auto each = [&](auto* dst, auto read) {
+    for (size_t i = 0; i < count; i++) dst[i] = read(raw.data() + i * size_t(d.bytes));
+  };
+  auto u16 = [](const unsigned char* p) { return uint16_t(p[0] | (p[1] << 8)); };
+  if (name == "F16")
+    each(static_cast<float*>(out.data()),
+         [&](const unsigned char* p) { return half_to_float(u16(p)); });
+  else if (name == "BF16")
+    each(static_cast<float*>(out.data()), [&](const unsigned char* p) {
+      const uint32_t bits = uint32_t(u16(p)) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    });
+  else if (name == "I8")
+    each(static_cast<int32_t*>(out.data()),
+         [](const unsigned char* p) { return int32_t(int8_t(p[0])); });
+  else if (name == "U8")
+    each(static_cast<int32_t*>(out.data()), [](const unsigned char* p) { return int32_t(p[0]); });
+  else if (name == "I16")
+    each(static_cast<int32_t*>(out.data()),
+         [&](const unsigned char* p) { return int32_t(int16_t(u16(p))); });
+  else if (name == "U16")
+    each(static_cast<int32_t*>(out.data()),
+         [&](const unsigned char* p) { return int32_t(u16(p)); });
+  else  // U32
+    each(static_cast<int64_t*>(out.data()), [](const unsigned char* p) {
+      return int64_t(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 |
+                     uint32_t(p[3]) << 24);
+    });
 }
 
 }  // namespace
@@ -135,7 +207,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     };
     const auto& dt = field("dtype");
     OPFORGE_CHECK(dt.is_string()) << path << ": tensor '" << name << "': dtype is not a string";
-    DType dtype = from_st_dtype(path, name, dt.get<std::string>());
+    const StoredDtype stored = from_st_dtype(path, name, dt.get<std::string>());
     const auto& sh = field("shape");
     OPFORGE_CHECK(sh.is_array()) << path << ": tensor '" << name << "': shape is not a list";
     Shape shape;
@@ -154,20 +226,27 @@ SafetensorsFile load_safetensors(const std::string& path) {
         << path << ": tensor '" << name << "': data_offsets is not [begin, end]";
     uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     uint64_t bytes = 0;
-    OPFORGE_CHECK(!__builtin_mul_overflow(elements, uint64_t(dtype_size(dtype)), &bytes) &&
+    OPFORGE_CHECK(!__builtin_mul_overflow(elements, uint64_t(stored.bytes), &bytes) &&
                   begin <= end && end - begin == bytes)
         << path << ": tensor '" << name << "': data_offsets [" << begin << ", " << end << "] hold "
         << (end >= begin ? end - begin : 0) << " bytes, its shape " << sh.dump() << " of "
-        << st_dtype(dtype) << " needs " << bytes;
+        << stored.name << " needs " << bytes;
     OPFORGE_CHECK(end <= data_bytes)
         << path << ": tensor '" << name << "' ends at byte " << end << " of the data, which has "
         << data_bytes << " (a truncated file?)";
     ranges.push_back({begin, end, name});
-    Tensor t = Tensor::empty(shape, dtype);
+    Tensor t = Tensor::empty(shape, stored.dtype);
+    const bool narrow = stored.bytes != int(dtype_size(stored.dtype));
+    std::vector<unsigned char> raw(narrow ? bytes : 0);
     if (bytes) {
       in.seekg(std::streamoff(8 + n + begin));
-      in.read(static_cast<char*>(t.data()), std::streamsize(bytes));
+      in.read(narrow ? reinterpret_cast<char*>(raw.data()) : static_cast<char*>(t.data()),
+              std::streamsize(bytes));
       OPFORGE_CHECK(in.good()) << path << ": reading tensor '" << name << "' failed";
+    }
+    if (narrow) {
+      widen(stored, raw, t);
+      out.stored_dtypes[name] = stored.name;
     }
     out.tensors.emplace(name, std::move(t));
   }
