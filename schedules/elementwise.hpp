@@ -89,9 +89,30 @@ inline void manual_dense(gen::Pipeline& p, const Halide::Target& t) {
   out.specialize(ob.dim(0).extent() >= v).vectorize(x, v);
 }
 
+// Updates in place on a GPU (manual_updates' ops): each thread computes `p.staged` at its one
+// element before it stores. The output's dims are not fused into one, as gpu_flat does: Halide
+// bounds what a fused loop's inner dim needs by the whole dim, so each thread's staged values
+// would be sized by the tensor (a device buffer of the elements times the threads, too large
+// to allocate from 32 768 elements on, and a host loop over every thread to size it). The dims
+// past the first run inside each thread; the runtime collapses a contiguous tensor, as an
+// optimiser's parameters and state are, into the first.
+inline void gpu_updates(gen::Pipeline& p) {
+  std::vector<Var>& x = p.vars;
+  Var b("b"), t("t");
+  p.out.gpu_tile(x[0], b, t, 128, TailStrategy::GuardWithIf);
+  if (x.size() == 1) {
+    p.staged.compute_at(p.out, t);
+    return;
+  }
+  std::vector<Halide::VarOrRVar> order(x.begin() + 1, x.end());  // innermost first
+  order.push_back(t);
+  order.push_back(b);
+  p.out.reorder(order);
+  p.staged.compute_at(p.out, x[1]);
+}
+
 inline void gpu_elementwise(gen::Pipeline& p) {
-  // Updates in place (manual_updates): each thread reads its element's inputs before it stores.
-  if (p.staged.defined()) p.reductions.push_back(p.staged);
+  if (p.staged.defined()) return gpu_updates(p);
   gpu_flat(p, 128);
 }
 

@@ -235,71 +235,75 @@ void check_axpy(const KernelGroup& g, const VariantInfo& v) {
 
 // The optimiser steps: a parameter and its state written in place by one kernel, dense and as
 // strided views (which the runtime updates through dense copies), against PyTorch's rules in
-// float64. Adam's gradients are spread out so that its moments are not all alike.
+// float64. Adam's gradients are spread out so that its moments are not all alike. Besides the
+// small shape, a parameter of 100 003 elements: the size of a layer's weights, past the CPU
+// schedules' 8192-element chunks (and the size at which the GPU schedule's staged reads once
+// asked for a device buffer too large to allocate).
 enum class StepKind { sgd, momentum, nesterov, adam, adamw };
 Handler step_handler(std::vector<StepKind> kinds) {
   return [=](const KernelGroup& g, const VariantInfo& v) {
     DType dt = g.in_dtype;
-    Shape shape = elementwise_shape(mins_of(v), 37);
     const double lr = 0.1, mom = 0.9, damp = 0.25, wd = 0.01, b1 = 0.9, b2 = 0.99, eps = 1e-8;
-    for (StepKind kind : kinds)
-      for (Layout l : {Layout::dense, Layout::views})
-        for (bool first : {true, false}) {
-          SCOPED_TRACE(std::string(layout_name(l)) + ", kind " + std::to_string(int(kind)) +
-                       (first ? ", first step" : ", later step"));
-          std::string label = "variant/step/" + g.dtype_key + v.name + std::to_string(int(kind));
-          Tensor p = random_every_other(l, shape, dt, Data::Normal, label + "/p");
-          Tensor grad = random_every_other(l, shape, dt, Data::Normal, label + "/g");
-          Tensor s1 = random_every_other(l, shape, dt, Data::Normal, label + "/s1");
-          Tensor s2 = opforge::abs(random_every_other(l, shape, dt, Data::Normal, label + "/s2"));
-          std::vector<double> pv = p.to_double_vector(), gv = grad.to_double_vector(),
-                              s1v = s1.to_double_vector(), s2v = s2.to_double_vector();
-          const int64_t step = first ? 1 : 5;
-          for (size_t i = 0; i < pv.size(); i++) {
-            double& P = pv[i];
-            double G = gv[i];
-            if (kind == StepKind::sgd) {
-              P -= lr * (G + wd * P);
-            } else if (kind == StepKind::momentum || kind == StepKind::nesterov) {
-              double d = G + wd * P, dampening = kind == StepKind::nesterov ? 0 : damp;
-              s1v[i] = first ? d : mom * s1v[i] + (1 - dampening) * d;
-              P -= lr * (kind == StepKind::nesterov ? d + mom * s1v[i] : s1v[i]);
-            } else {
-              bool decoupled = kind == StepKind::adamw;
-              if (decoupled)
-                P *= 1 - lr * wd;
-              else
-                G += wd * P;
-              s1v[i] = b1 * s1v[i] + (1 - b1) * G;
-              s2v[i] = b2 * s2v[i] + (1 - b2) * G * G;
-              double bc1 = 1 - std::pow(b1, double(step)), bc2 = 1 - std::pow(b2, double(step));
-              P -= lr / bc1 * s1v[i] / (std::sqrt(s2v[i]) / std::sqrt(bc2) + eps);
-            }
-          }
-          run_forced(g, v, [&] {
-            switch (kind) {
-              case StepKind::sgd:
-                opforge::sgd_step_(p, grad, lr, wd);
-                break;
-              case StepKind::momentum:
-              case StepKind::nesterov: {
-                bool nesterov = kind == StepKind::nesterov;
-                opforge::sgd_momentum_step_(p, grad, s1, lr, mom, nesterov ? 0 : damp, wd, nesterov,
-                                            first);
-                break;
+    for (const Shape& shape : {elementwise_shape(mins_of(v), 37), Shape{100003}})
+      for (StepKind kind : kinds)
+        for (Layout l : {Layout::dense, Layout::views})
+          for (bool first : {true, false}) {
+            SCOPED_TRACE(std::string(layout_name(l)) + ", kind " + std::to_string(int(kind)) +
+                         (first ? ", first step" : ", later step") + ", " +
+                         std::to_string(shape[0]) + " elements in the first dim");
+            std::string label = "variant/step/" + g.dtype_key + v.name + std::to_string(int(kind));
+            Tensor p = random_every_other(l, shape, dt, Data::Normal, label + "/p");
+            Tensor grad = random_every_other(l, shape, dt, Data::Normal, label + "/g");
+            Tensor s1 = random_every_other(l, shape, dt, Data::Normal, label + "/s1");
+            Tensor s2 = opforge::abs(random_every_other(l, shape, dt, Data::Normal, label + "/s2"));
+            std::vector<double> pv = p.to_double_vector(), gv = grad.to_double_vector(),
+                                s1v = s1.to_double_vector(), s2v = s2.to_double_vector();
+            const int64_t step = first ? 1 : 5;
+            for (size_t i = 0; i < pv.size(); i++) {
+              double& P = pv[i];
+              double G = gv[i];
+              if (kind == StepKind::sgd) {
+                P -= lr * (G + wd * P);
+              } else if (kind == StepKind::momentum || kind == StepKind::nesterov) {
+                double d = G + wd * P, dampening = kind == StepKind::nesterov ? 0 : damp;
+                s1v[i] = first ? d : mom * s1v[i] + (1 - dampening) * d;
+                P -= lr * (kind == StepKind::nesterov ? d + mom * s1v[i] : s1v[i]);
+              } else {
+                bool decoupled = kind == StepKind::adamw;
+                if (decoupled)
+                  P *= 1 - lr * wd;
+                else
+                  G += wd * P;
+                s1v[i] = b1 * s1v[i] + (1 - b1) * G;
+                s2v[i] = b2 * s2v[i] + (1 - b2) * G * G;
+                double bc1 = 1 - std::pow(b1, double(step)), bc2 = 1 - std::pow(b2, double(step));
+                P -= lr / bc1 * s1v[i] / (std::sqrt(s2v[i]) / std::sqrt(bc2) + eps);
               }
-              default:
-                opforge::adam_step_(p, grad, s1, s2, lr, b1, b2, eps, wd, kind == StepKind::adamw,
-                                    step);
             }
-            return p;
-          });
-          Tol tol = accum_tol(dt, 16);
-          expect_close(p, Expected{pv, shape}, dt, tol);
-          if (kind != StepKind::sgd) expect_close(s1, Expected{s1v, shape}, dt, tol);
-          if (kind == StepKind::adam || kind == StepKind::adamw)
-            expect_close(s2, Expected{s2v, shape}, dt, tol);
-        }
+            run_forced(g, v, [&] {
+              switch (kind) {
+                case StepKind::sgd:
+                  opforge::sgd_step_(p, grad, lr, wd);
+                  break;
+                case StepKind::momentum:
+                case StepKind::nesterov: {
+                  bool nesterov = kind == StepKind::nesterov;
+                  opforge::sgd_momentum_step_(p, grad, s1, lr, mom, nesterov ? 0 : damp, wd,
+                                              nesterov, first);
+                  break;
+                }
+                default:
+                  opforge::adam_step_(p, grad, s1, s2, lr, b1, b2, eps, wd, kind == StepKind::adamw,
+                                      step);
+              }
+              return p;
+            });
+            Tol tol = accum_tol(dt, 16);
+            expect_close(p, Expected{pv, shape}, dt, tol);
+            if (kind != StepKind::sgd) expect_close(s1, Expected{s1v, shape}, dt, tol);
+            if (kind == StepKind::adam || kind == StepKind::adamw)
+              expect_close(s2, Expected{s2v, shape}, dt, tol);
+          }
   };
 }
 
