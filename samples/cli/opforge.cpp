@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -607,6 +608,23 @@ const CLI::Validator kRegex(
     },
     "REGEX", "regex");
 
+// CLI11's PositiveNumber reports a bad value as outside "0.000000 to 1.79769e+308" (the double
+// range, printed in full): this one says what was expected.
+const CLI::Validator kPositive(
+    [](std::string& s) {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != s.size() || !std::isfinite(v) || v <= 0)
+        return "expected a positive number, got " + s;
+      return std::string();
+    },
+    "POSITIVE", "positive");
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -661,7 +679,7 @@ int run(int argc, char** argv) {
                    "MPI part trains mlp)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
   bench->add_option("--batch-size", bench_batch, "Batch size of --train")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
 
   TrainOptions train;
@@ -670,9 +688,7 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--model", train.model, "mlp (784-512-256-10, ReLU) or cnn")
       ->check(CLI::IsMember({"mlp", "cnn"}))
       ->capture_default_str();
-  train_cmd->add_option("--epochs", train.epochs)
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  train_cmd->add_option("--epochs", train.epochs)->check(kPositive)->capture_default_str();
   std::string train_batch = "64";
   train_cmd
       ->add_option("--batch-size", train_batch,
@@ -693,16 +709,16 @@ int run(int argc, char** argv) {
           "N|auto")
       ->capture_default_str();
   train_cmd->add_option("--batch-min", train.batch_min, "Smallest batch of --batch-size auto")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   train_cmd->add_option("--batch-max", train.batch_max, "Largest batch of --batch-size auto")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   train_cmd->add_option("--optimizer", train.optimizer, "sgd (momentum 0.9), adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
   train_cmd->add_option("--lr", train.lr, "Learning rate (default: 0.05 for sgd, 1e-3 for adam)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   train_cmd
       ->add_option("--lr-schedule", train.lr_schedule,
                    "none, cosine (annealed to 0 over the epochs) or step (a tenth every third of "
@@ -713,7 +729,7 @@ int run(int argc, char** argv) {
   train_cmd->add_option("--seed", train.seed, "Seeds the initialisation and the data order")
       ->capture_default_str();
   train_cmd->add_option("--threads", train.threads, "Kernel threads (default: every core)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   train_cmd
       ->add_option("--device", train.device,
                    "auto (placed per call) or one device: cpu, "
@@ -729,13 +745,13 @@ int run(int argc, char** argv) {
                       "each rank on its part of every batch, gradients averaged with MPI");
   train_cmd->add_option("--data", train.data, "Folder with the Fashion-MNIST IDX files");
   train_cmd->add_option("--limit", train.limit, "Train on the first N training images only")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   train_cmd->add_option("--out", train.out, "Run folder (default: runs/<model>-<date>-<time>)");
   train_cmd
       ->add_option("--checkpoint-every", train.checkpoint_every,
                    "Write the run folder's checkpoint every N steps too (it is written at every "
                    "epoch's end)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   train_cmd
       ->add_option("--resume", train.resume,
                    "Go on with the run in this folder from its checkpoint (with the options it "
@@ -744,7 +760,7 @@ int run(int argc, char** argv) {
   train_cmd
       ->add_option("--max-steps", train.max_steps,
                    "Stop after N steps, leaving a checkpoint to --resume from")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 
   EvalOptions eval;
   CLI::App* eval_cmd = app.add_subcommand(
