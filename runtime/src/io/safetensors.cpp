@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/error.hpp"
@@ -27,30 +28,6 @@ constexpr const char* kStDtypes[] = {"BOOL", "I32", "I64", "F32", "F64"};
 static_assert(std::size(kStDtypes) == std::size(kAllDTypes));
 
 const char* st_dtype(DType d) { return kStDtypes[size_t(d)]; }
-
-// How a stored dtype is read: opforge's own dtypes as they are; PyTorch's narrower ones widened
-// to the opforge dtype that holds every value exactly (half precision to float32, small integers
-// to int32, U32 to int64).
-struct StoredDtype {
-  DType dtype;       // what the tensor becomes
-  int bytes;         // per stored element
-  const char* name;  // the safetensors name
-};
-constexpr StoredDtype kNarrow[] = {{DType::Float32, 2, "F16"}, {DType::Float32, 2, "BF16"},
-                                   {DType::Int32, 1, "I8"},    {DType::Int32, 1, "U8"},
-                                   {DType::Int32, 2, "I16"},   {DType::Int32, 2, "U16"},
-                                   {DType::Int64, 4, "U32"}};
-
-StoredDtype from_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
-  for (DType d : kAllDTypes)
-    if (s == st_dtype(d)) return {d, int(dtype_size(d)), st_dtype(d)};
-  for (const StoredDtype& n : kNarrow)
-    if (s == n.name) return n;
-  OPFORGE_CHECK(false) << path << ": tensor '" << name << "' has dtype " << s
-                       << ", which opforge cannot hold (expected BOOL, I32, I64, F32 or F64, or "
-                          "F16, BF16, I8, U8, I16, U16, U32, read widened)";
-  return {};
-}
 
 // IEEE binary16 to binary32, exactly: subnormals become normal floats, infinities and NaNs keep
 // their sign and payload.
@@ -71,40 +48,57 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-// Widens n stored elements of a narrow dtype into `out`, a tensor of n.dtype.
-void widen(const StoredDtype& d, const std::vector<unsigned char>& raw, Tensor& out) {
-  const size_t count = raw.size() / size_t(d.bytes);
-  const std::string name = d.name;
-  auto each = [&](auto* dst, auto read) {
-    for (size_t i = 0; i < count; i++) dst[i] = read(raw.data() + i * size_t(d.bytes));
-  };
-  auto u16 = [](const unsigned char* p) { return uint16_t(p[0] | (p[1] << 8)); };
-  if (name == "F16")
-    each(static_cast<float*>(out.data()),
-         [&](const unsigned char* p) { return half_to_float(u16(p)); });
-  else if (name == "BF16")
-    each(static_cast<float*>(out.data()), [&](const unsigned char* p) {
-      const uint32_t bits = uint32_t(u16(p)) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    });
-  else if (name == "I8")
-    each(static_cast<int32_t*>(out.data()),
-         [](const unsigned char* p) { return int32_t(int8_t(p[0])); });
-  else if (name == "U8")
-    each(static_cast<int32_t*>(out.data()), [](const unsigned char* p) { return int32_t(p[0]); });
-  else if (name == "I16")
-    each(static_cast<int32_t*>(out.data()),
-         [&](const unsigned char* p) { return int32_t(int16_t(u16(p))); });
-  else if (name == "U16")
-    each(static_cast<int32_t*>(out.data()),
-         [&](const unsigned char* p) { return int32_t(u16(p)); });
-  else  // U32
-    each(static_cast<int64_t*>(out.data()), [](const unsigned char* p) {
-      return int64_t(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 |
-                     uint32_t(p[3]) << 24);
-    });
+// One stored element (little-endian) of a narrow dtype as the dtype that widens it.
+template <class Stored>
+Stored load_le(const unsigned char* p) {
+  std::make_unsigned_t<Stored> u = 0;
+  for (size_t k = 0; k < sizeof(Stored); k++) u |= std::make_unsigned_t<Stored>(p[k]) << (8 * k);
+  return Stored(u);
+}
+float f16(const unsigned char* p) { return half_to_float(load_le<uint16_t>(p)); }
+float bf16(const unsigned char* p) {
+  return std::bit_cast<float>(uint32_t(load_le<uint16_t>(p)) << 16);
+}
+template <class Stored, class Wide>
+Wide integer(const unsigned char* p) {
+  return Wide(load_le<Stored>(p));
+}
+
+// raw's elements, `bytes` each, read by `read` into `out`'s (a dense tensor of T).
+template <class T, T (*read)(const unsigned char*)>
+void widen_as(const std::vector<unsigned char>& raw, int bytes, Tensor& out) {
+  T* dst = static_cast<T*>(out.data());
+  for (size_t i = 0; i < raw.size() / size_t(bytes); i++)
+    dst[i] = read(raw.data() + i * size_t(bytes));
+}
+
+// How a stored dtype is read: opforge's own dtypes as they are (widen null); PyTorch's narrower
+// ones widened to the opforge dtype that holds every value exactly (half precision to float32,
+// small integers to int32, U32 to int64).
+struct StoredDtype {
+  DType dtype;       // what the tensor becomes
+  int bytes;         // per stored element
+  const char* name;  // the safetensors name
+  void (*widen)(const std::vector<unsigned char>& raw, int bytes, Tensor& out) = nullptr;
+};
+constexpr StoredDtype kNarrow[] = {
+    {DType::Float32, 2, "F16", widen_as<float, f16>},
+    {DType::Float32, 2, "BF16", widen_as<float, bf16>},
+    {DType::Int32, 1, "I8", widen_as<int32_t, integer<int8_t, int32_t>>},
+    {DType::Int32, 1, "U8", widen_as<int32_t, integer<uint8_t, int32_t>>},
+    {DType::Int32, 2, "I16", widen_as<int32_t, integer<int16_t, int32_t>>},
+    {DType::Int32, 2, "U16", widen_as<int32_t, integer<uint16_t, int32_t>>},
+    {DType::Int64, 4, "U32", widen_as<int64_t, integer<uint32_t, int64_t>>}};
+
+StoredDtype from_st_dtype(const std::string& path, const std::string& name, const std::string& s) {
+  for (DType d : kAllDTypes)
+    if (s == st_dtype(d)) return {d, int(dtype_size(d)), st_dtype(d)};
+  for (const StoredDtype& n : kNarrow)
+    if (s == n.name) return n;
+  OPFORGE_CHECK(false) << path << ": tensor '" << name << "' has dtype " << s
+                       << ", which opforge cannot hold (expected BOOL, I32, I64, F32 or F64, or "
+                          "F16, BF16, I8, U8, I16, U16, U32, read widened)";
+  return {};
 }
 
 }  // namespace
@@ -236,7 +230,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
         << data_bytes << " (a truncated file?)";
     ranges.push_back({begin, end, name});
     Tensor t = Tensor::empty(shape, stored.dtype);
-    const bool narrow = stored.bytes != int(dtype_size(stored.dtype));
+    const bool narrow = stored.widen != nullptr;
     std::vector<unsigned char> raw(narrow ? bytes : 0);
     if (bytes) {
       in.seekg(std::streamoff(8 + n + begin));
@@ -245,7 +239,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
       OPFORGE_CHECK(in.good()) << path << ": reading tensor '" << name << "' failed";
     }
     if (narrow) {
-      widen(stored, raw, t);
+      stored.widen(raw, stored.bytes, t);
       out.stored_dtypes[name] = stored.name;
     }
     out.tensors.emplace(name, std::move(t));
